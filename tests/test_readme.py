@@ -1,0 +1,29 @@
+"""The README's Python examples run as written."""
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def python_blocks(path):
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+
+
+def test_readme_python_blocks_run(tmp_path, monkeypatch):
+    blocks = python_blocks(README)
+    assert blocks, "README has no Python example"
+    monkeypatch.chdir(tmp_path)
+    for block in blocks:
+        exec(compile(block.replace("/tmp/", f"{tmp_path}/"), str(README), "exec"), {})
+
+
+def test_readme_quick_start_commands():
+    text = README.read_text()
+    commands = re.findall(r"```bash\n(.*?)\n```", text, flags=re.S)
+    assert commands[:2] == [
+        'pip install -e ".[dev]" && python export/to_onnx.py',
+        'pip install -e ".[dev]" && python -m pytest',
+    ]
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert commands[1] in ci
