@@ -21,8 +21,7 @@ def scale_factor(scale, output_dim: int) -> float:
         if math.isfinite(scale) and scale > 0:
             return float(scale)
     raise ValueError(
-        '`scale` must be "sqrt", a positive finite number or None. '
-        f"Received: scale={scale!r}"
+        f'`scale` must be "sqrt", a positive finite number or None. Received: scale={scale!r}'
     )
 
 

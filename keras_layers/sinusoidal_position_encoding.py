@@ -171,13 +171,9 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
                 f"Received: max_wavelength={max_wavelength!r}"
             )
         if layout not in LAYOUTS:
-            raise ValueError(
-                f"`layout` must be one of {LAYOUTS}. Received: layout={layout!r}"
-            )
+            raise ValueError(f"`layout` must be one of {LAYOUTS}. Received: layout={layout!r}")
         if spacing not in SPACINGS:
-            raise ValueError(
-                f"`spacing` must be one of {SPACINGS}. Received: spacing={spacing!r}"
-            )
+            raise ValueError(f"`spacing` must be one of {SPACINGS}. Received: spacing={spacing!r}")
         self.max_wavelength = max_wavelength
         self.layout = layout
         self.spacing = spacing
@@ -192,9 +188,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
                 f"model width). Received input shape {input_shape}."
             )
         self._tables = _digit_tables(
-            *channel_frequencies(
-                depth, float(self.max_wavelength), self.layout, self.spacing
-            )
+            *channel_frequencies(depth, float(self.max_wavelength), self.layout, self.spacing)
         )
 
     def _cycles(self, positions):
@@ -227,9 +221,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     def call(self, inputs, start_index=0, positions=None):
         if positions is None:
             length = ops.shape(inputs)[-2]
-            positions = ops.arange(length, dtype="int32") + ops.cast(
-                start_index, "int32"
-            )
+            positions = ops.arange(length, dtype="int32") + ops.cast(start_index, "int32")
         if self.compute_dtype == "float64":
             cycles = self._cycles_float64(positions)
             return inputs + ops.sin(cycles * _TWO_PI)

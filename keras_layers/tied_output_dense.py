@@ -105,26 +105,19 @@ class TiedOutputDense(keras.layers.Layer):
             ("logit_soft_cap", logit_soft_cap),
         ):
             if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not value > 0
+                isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
             ):
                 raise ValueError(
-                    f"`{name}` must be None or a positive number. "
-                    f"Received: {name}={value!r}"
+                    f"`{name}` must be None or a positive number. Received: {name}={value!r}"
                 )
         if not isinstance(use_bias, bool):
-            raise ValueError(
-                f"`use_bias` must be True or False. Received: use_bias={use_bias!r}"
-            )
+            raise ValueError(f"`use_bias` must be True or False. Received: use_bias={use_bias!r}")
         self.embedding = embedding
         self.use_bias = use_bias
         self.logit_scale = logit_scale
         self.logit_soft_cap = logit_soft_cap
         self.logits_dtype = (
-            None
-            if logits_dtype is None
-            else keras.backend.standardize_dtype(logits_dtype)
+            None if logits_dtype is None else keras.backend.standardize_dtype(logits_dtype)
         )
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
@@ -189,9 +182,7 @@ class TiedOutputDense(keras.layers.Layer):
         return (*input_shape[:-1], self.embedding.input_dim)
 
     def compute_output_spec(self, inputs):
-        return keras.KerasTensor(
-            self.compute_output_shape(inputs.shape), dtype=self._output_dtype
-        )
+        return keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype=self._output_dtype)
 
     def compute_mask(self, inputs, mask=None):
         return mask

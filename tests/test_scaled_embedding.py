@@ -23,9 +23,7 @@ def test_correctness_on_a_hand_checked_case():
     np.testing.assert_array_equal(out, [[[8.0, 10.0], [0.0, 2.0]]])
 
 
-@pytest.mark.parametrize(
-    ("scale", "factor"), [("sqrt", 8.0), (3.5, 3.5), (None, 1.0), (2, 2.0)]
-)
+@pytest.mark.parametrize(("scale", "factor"), [("sqrt", 8.0), (3.5, 3.5), (None, 1.0), (2, 2.0)])
 def test_output_is_lookup_times_factor(scale, factor):
     layer = ScaledEmbedding(20, 64, scale=scale)
     ids = np.array([[1, 5, 19], [0, 2, 2]])
@@ -133,9 +131,7 @@ def test_config_round_trip(kwargs):
 
 def test_serialized_by_registered_name():
     layer = ScaledEmbedding(30, 6, scale=3.0)
-    restored = keras.saving.deserialize_keras_object(
-        keras.saving.serialize_keras_object(layer)
-    )
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
     assert type(restored) is ScaledEmbedding and restored.factor == 3.0
 
 

@@ -39,18 +39,14 @@ def test_interleave_paper_matches_the_paper(depth):
 def test_concat_paper_matches_the_tensorflow_tutorial(depth):
     layer = SinusoidalPositionEncoding(layout="concat")
     out = encode(layer, 200, depth)
-    np.testing.assert_allclose(
-        out, ref.tf_tutorial_encoding(200, depth), atol=F32_EXACT
-    )
+    np.testing.assert_allclose(out, ref.tf_tutorial_encoding(200, depth), atol=F32_EXACT)
 
 
 @pytest.mark.parametrize("depth", [4, 7, 128, 513])
 def test_concat_tensor2tensor_matches_get_timing_signal_1d(depth):
     layer = SinusoidalPositionEncoding(layout="concat", spacing="tensor2tensor")
     out = encode(layer, 200, depth)
-    np.testing.assert_allclose(
-        out, ref.tensor2tensor_encoding(200, depth), atol=F32_EXACT
-    )
+    np.testing.assert_allclose(out, ref.tensor2tensor_encoding(200, depth), atol=F32_EXACT)
 
 
 @pytest.mark.parametrize("depth", [16, 33])
@@ -107,9 +103,7 @@ def test_naive_float32_angles_would_fail_the_same_bound():
 @pytest.mark.parametrize("start", [0, 7, 4095, 100_000, 3_000_000])
 def test_start_index_python_int(start):
     out = encode(SinusoidalPositionEncoding(), 50, 64, start_index=start)
-    np.testing.assert_allclose(
-        out, ref.paper_encoding(50, 64, start=start), atol=F32_EXACT
-    )
+    np.testing.assert_allclose(out, ref.paper_encoding(50, 64, start=start), atol=F32_EXACT)
 
 
 def test_start_index_tensor_for_cached_decoding():
@@ -199,9 +193,7 @@ def test_runs_inside_a_compiled_function():
         return layer(x, start_index=start)
 
     out = np.asarray(f(tf.zeros((2, 9, 16)), tf.constant(5)))
-    np.testing.assert_allclose(
-        out[1], ref.paper_encoding(9, 16, start=5), atol=F32_EXACT
-    )
+    np.testing.assert_allclose(out[1], ref.paper_encoding(9, 16, start=5), atol=F32_EXACT)
 
 
 @pytest.mark.parametrize(

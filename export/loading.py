@@ -1,0 +1,323 @@
+"""Stage 1, load: read a `.keras` file into a Keras model and describe its I/O."""
+
+import importlib
+import json
+import os
+import re
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from export.errors import ModelLoadError, UsageError
+
+# Dtype policies whose variables are float32 but whose compute is half
+# precision, and pure half-precision policies: all are exported in float32.
+_HALF_POLICIES = ("mixed_float16", "mixed_bfloat16", "float16", "bfloat16")
+
+
+@dataclass
+class TensorInfo:
+    """One model input or output: its name, shape (None = dynamic) and dtype."""
+
+    name: str
+    shape: tuple
+    dtype: str
+    # For integer inputs: the vocabulary size of the embedding that reads it.
+    vocabulary: int | None = None
+    # Whether id 0 is padding that the model masks (an Embedding with mask_zero).
+    masks_zero: bool = False
+
+    @property
+    def is_padding_mask(self) -> bool:
+        return "mask" in self.name.lower() and self.dtype in ("bool", "int32", "int64")
+
+    def axis_names(self) -> list:
+        """Shape with dynamic axes named: `batch` first, then `sequence`."""
+        names = []
+        for axis, size in enumerate(self.shape):
+            if size is not None:
+                names.append(size)
+            elif axis == 0:
+                names.append("batch")
+            elif axis == 1:
+                names.append("sequence")
+            else:
+                names.append(f"dim_{axis}")
+        return names
+
+
+@dataclass
+class LoadedModel:
+    """The output of `load`: the model and what the later stages need to know."""
+
+    model: object
+    path: Path
+    inputs: list
+    outputs: list
+    input_structure: str  # "single", "list" or "dict"
+    output_structure: str
+    source_policies: list = field(default_factory=list)  # half policies replaced
+    param_bytes: int = 0
+
+
+def import_modules(names: list) -> None:
+    """Import user modules that register custom layers (`--import`)."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # noqa: BLE001 - any import failure is the user's
+            raise UsageError(
+                f"--import {name}: cannot import it ({type(error).__name__}: {error})"
+            ) from error
+
+
+def _check_archive(path: Path) -> None:
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file")
+    if path.is_dir():
+        raise ModelLoadError(
+            f"{path}: is a directory, not a .keras file (a SavedModel? load it in "
+            "Keras and re-save it with model.save('model.keras'))"
+        )
+    if not zipfile.is_zipfile(path):
+        raise ModelLoadError(
+            f"{path}: not a .keras archive (expected a zip with config.json; "
+            "re-save the model with model.save('model.keras'))"
+        )
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            broken = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as error:
+        raise ModelLoadError(f"{path}: corrupt .keras archive ({error})") from error
+    if broken is not None:
+        raise ModelLoadError(f"{path}: corrupt .keras archive (bad entry {broken})")
+    if "config.json" not in names:
+        raise ModelLoadError(f"{path}: not a .keras archive (no config.json inside the zip)")
+
+
+def _float32_config(config):
+    """Replace half-precision dtype policies in a model config with float32.
+
+    Returns the new config and the sorted list of policies replaced.
+    """
+    replaced = set()
+
+    def visit(node):
+        if isinstance(node, dict):
+            if node.get("class_name") == "DTypePolicy":
+                name = node.get("config", {}).get("name")
+                if name in _HALF_POLICIES:
+                    replaced.add(name)
+                    node = {**node, "config": {**node["config"], "name": "float32"}}
+                return node
+            return {
+                key: (
+                    _policy_string(value, replaced)
+                    if key == "dtype" and isinstance(value, str)
+                    else visit(value)
+                )
+                for key, value in node.items()
+            }
+        if isinstance(node, list):
+            return [visit(item) for item in node]
+        return node
+
+    return visit(config), sorted(replaced)
+
+
+def _policy_string(value, replaced):
+    if value in _HALF_POLICIES:
+        replaced.add(value)
+        return "float32"
+    return value
+
+
+def _float32_archive(path: Path, workdir: Path):
+    """A copy of the archive whose config computes in float32, if it needs one."""
+    with zipfile.ZipFile(path) as archive:
+        config = json.loads(archive.read("config.json"))
+        new_config, replaced = _float32_config(config)
+        if not replaced:
+            return path, []
+        copy = workdir / path.name
+        with zipfile.ZipFile(copy, "w") as out:
+            for item in archive.infolist():
+                data = archive.read(item.filename)
+                if item.filename == "config.json":
+                    data = json.dumps(new_config).encode()
+                out.writestr(item, data)
+    return copy, replaced
+
+
+def _explain_load_error(path: Path, error: Exception) -> str:
+    text = str(error)
+    match = re.search(r"[Cc]ould not locate (?:class|function) '([^']+)'", text)
+    if match:
+        return (
+            f"{path}: unknown layer or object '{match.group(1)}'. Import the module "
+            "that defines and registers it with --import MODULE."
+        )
+    if "safe_mode" in text and "Lambda" in text:
+        return (
+            f"{path}: the model holds a Lambda layer (Python code stored in the "
+            "file), which Keras' safe mode refuses to load because it can run "
+            "arbitrary code. If you trust the file, pass --unsafe."
+        )
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    detail = lines[0][:300] if lines else type(error).__name__
+    return f"{path}: cannot load the model ({type(error).__name__}: {detail})"
+
+
+def flatten(structure, names=None) -> list:
+    """A single tensor, a list or a dict of tensors as a flat list (dict values
+    in the order of `names` when given, else in insertion order)."""
+    if isinstance(structure, dict):
+        return [structure[name] for name in names] if names else list(structure.values())
+    if isinstance(structure, list | tuple):
+        return list(structure)
+    return [structure]
+
+
+def _structure(value) -> str:
+    if isinstance(value, dict):
+        return "dict"
+    if isinstance(value, list | tuple):
+        return "list"
+    return "single"
+
+
+def _flat_named(structure, names_fallback):
+    """(name, tensor) pairs of a single, list or dict structure of tensors."""
+    if isinstance(structure, dict):
+        return list(structure.items())
+    if isinstance(structure, list | tuple):
+        return list(zip(names_fallback, structure, strict=True))
+    return [(names_fallback[0], structure)]
+
+
+def _readers(model, tensor):
+    """Embedding-like layers that read `tensor` directly: (vocabulary, mask_zero)."""
+    found = []
+    for layer in model.layers:
+        for node in getattr(layer, "_inbound_nodes", []):
+            if any(t is tensor for t in node.input_tensors) and hasattr(layer, "input_dim"):
+                found.append((layer.input_dim, bool(getattr(layer, "mask_zero", 0))))
+        for sub in getattr(layer, "_layers", []):
+            # keras-hub wraps its token embedding inside another layer.
+            if hasattr(sub, "input_dim") and any(
+                any(t is tensor for t in node.input_tensors)
+                for node in getattr(layer, "_inbound_nodes", [])
+            ):
+                found.append((sub.input_dim, bool(getattr(sub, "mask_zero", 0))))
+    return found
+
+
+def _symbolic_io(model):
+    """The model's input and output structures of symbolic tensors.
+
+    Functional models have them; a loaded Sequential model has `inputs` but not
+    `input`; a subclassed model has only the input shape it was built with, so it
+    is called once on a symbolic input (int32 when it starts with an embedding).
+    """
+    import keras
+
+    try:
+        return model.input, model.output
+    except (AttributeError, ValueError):
+        pass
+    inputs = getattr(model, "_inputs", None) or []
+    if inputs:
+        return inputs[0] if len(inputs) == 1 else inputs, (
+            model.outputs[0] if len(model.outputs) == 1 else model.outputs
+        )
+    shape = (model.get_build_config() or {}).get("input_shape")
+    if shape is None or isinstance(shape, dict):
+        raise ModelLoadError(
+            "the model's inputs are unknown (a subclassed model saved before it was "
+            "called?). Call it on a batch of data once, then save it again."
+        )
+    embeds = any(hasattr(layer, "input_dim") for layer in model._flatten_layers())
+    symbolic = keras.Input(
+        batch_shape=tuple(shape), dtype="int32" if embeds else "float32", name="inputs"
+    )
+    return symbolic, model(symbolic)
+
+
+def _describe(model):
+    try:
+        input_struct, output_struct = _symbolic_io(model)
+    except (TypeError, ValueError) as error:
+        raise ModelLoadError(f"cannot read the model's inputs and outputs ({error})") from error
+    flat_inputs = flatten(input_struct)
+    flat_output_tensors = flatten(output_struct)
+    input_names = [t.name for t in flat_inputs]
+    output_names = list(getattr(model, "output_names", None) or [])
+    if len(output_names) != len(flat_output_tensors):
+        output_names = [f"output_{i}" for i in range(len(flat_output_tensors))]
+    flat_outputs = _flat_named(output_struct, output_names)
+    inputs = []
+    for name, tensor in _flat_named(input_struct, input_names):
+        readers = _readers(model, tensor)
+        inputs.append(
+            TensorInfo(
+                name=name,
+                shape=tuple(tensor.shape),
+                dtype=str(tensor.dtype),
+                vocabulary=min((v for v, _ in readers), default=None),
+                masks_zero=any(m for _, m in readers),
+            )
+        )
+    outputs = [
+        TensorInfo(name=name, shape=tuple(t.shape), dtype=str(t.dtype)) for name, t in flat_outputs
+    ]
+    return inputs, outputs, _structure(input_struct), _structure(output_struct)
+
+
+def _unique_param_bytes(model) -> int:
+    seen, total = set(), 0
+    for weight in model.weights:
+        if id(weight) in seen:
+            continue
+        seen.add(id(weight))
+        size = 1
+        for dim in weight.shape:
+            size *= int(dim)
+        total += size * 4  # exported in float32
+    return total
+
+
+def load(path, imports=(), unsafe=False) -> LoadedModel:
+    """Load `path` with Keras (safe mode unless `unsafe`) in float32."""
+    import keras
+
+    import keras_layers  # noqa: F401 - registers our layers for deserialisation
+
+    path = Path(path)
+    _check_archive(path)
+    import_modules(list(imports))
+    with tempfile.TemporaryDirectory() as workdir:
+        source, replaced = _float32_archive(path, Path(workdir))
+        try:
+            model = keras.saving.load_model(source, compile=False, safe_mode=not unsafe)
+        except Exception as error:  # noqa: BLE001 - translated for the user
+            raise ModelLoadError(_explain_load_error(path, error)) from error
+    if not isinstance(model, keras.Model):
+        raise ModelLoadError(f"{path}: holds a {type(model).__name__}, not a model")
+    inputs, outputs, input_structure, output_structure = _describe(model)
+    if not inputs:
+        raise ModelLoadError(f"{path}: the model has no inputs")
+    return LoadedModel(
+        model=model,
+        path=path,
+        inputs=inputs,
+        outputs=outputs,
+        input_structure=input_structure,
+        output_structure=output_structure,
+        source_policies=replaced,
+        param_bytes=_unique_param_bytes(model),
+    )

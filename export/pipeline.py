@@ -1,0 +1,187 @@
+"""The export pipeline: load -> trace -> convert -> slim -> validate -> report.
+
+Each stage is a function in its own module that takes and returns plain data;
+this module only runs them in order, times them, and places the files. The ONNX
+file is written next to the output path under a temporary name, validated there,
+and only then renamed into place, so a failed export never replaces a good file:
+a file that fails validation is kept beside it as `NAME.failed.onnx`.
+"""
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+from export import converting, loading, reporting, slimming, tracing, validating
+from export.errors import OutputError, ValidationFailed
+
+EXTERNAL_DATA_CHOICES = ("auto", "always", "never")
+
+
+def failed_path(output: Path) -> Path:
+    return output.with_name(f"{output.stem}.failed{output.suffix or '.onnx'}")
+
+
+def default_report_path(output: Path) -> Path:
+    return output.with_name(f"{output.stem}.report.json")
+
+
+def check_output_location(output: Path) -> None:
+    """Fail before any work if the output cannot be written."""
+    if output.exists() and output.is_dir():
+        raise OutputError(f"-o {output}: is a directory; give a file name such as model.onnx")
+    parent = output.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputError(f"-o {output}: cannot create {parent} ({error.strerror})") from error
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as error:
+        raise OutputError(f"-o {output}: {parent} is not writable ({error.strerror})") from error
+
+
+@contextmanager
+def _stage(name: str, stages: dict, progress: Callable | None):
+    if progress:
+        progress(name, None)
+    start = time.perf_counter()
+    yield
+    stages[name] = time.perf_counter() - start
+    if progress:
+        progress(name, stages[name])
+
+
+def _inline_external_tensors(proto, storage) -> None:
+    """Put tf2onnx's out-of-proto tensors (large_model mode) back as raw data."""
+    from onnx import TensorProto
+
+    tensors = storage.name_to_tensor_data
+    for init in proto.graph.initializer:
+        if init.data_location != TensorProto.EXTERNAL:
+            continue
+        location = {entry.key: entry.value for entry in init.external_data}["location"]
+        init.raw_data = tensors[location]
+        del init.external_data[:]
+        init.data_location = TensorProto.DEFAULT
+
+
+def _save(proto, path: Path, external: bool) -> list:
+    """Save the proto; returns every file written (the model, its data file)."""
+    import onnx
+
+    if not external:
+        onnx.save_model(proto, path)
+        return [path]
+    data_name = f"{path.name}.data"
+    onnx.save_model(
+        proto,
+        path,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data_name,
+        size_threshold=1024,
+    )
+    return [path, path.with_name(data_name)]
+
+
+def _move_into_place(files: list, directory: Path, final: Path) -> list:
+    """Rename the written files to `final` (and `final.data`), same directory."""
+    moved = []
+    for file in files:
+        suffix = file.name[len(files[0].name) :]  # "" or ".data"
+        target = directory / f"{final.name}{suffix}"
+        os.replace(file, target)
+        moved.append(target)
+    return moved
+
+
+def export_model(
+    model_path,
+    output,
+    *,
+    report_path=None,
+    shapes=None,
+    atol: float = validating.DEFAULT_ATOL,
+    rtol: float = validating.DEFAULT_RTOL,
+    opset: int = converting.DEFAULT_OPSET,
+    imports=(),
+    unsafe: bool = False,
+    external_data: str = "auto",
+    progress: Callable | None = None,
+    extra_report: dict | None = None,
+) -> dict:
+    """Export `model_path` (.keras) to `output` (.onnx); returns the report.
+
+    Raises `ValidationFailed` (with the report attached) when ONNX Runtime and
+    Keras disagree beyond `atol` + `rtol`, and other `ExportError`s for bad input.
+    """
+    output = Path(output)
+    report_path = Path(report_path) if report_path else default_report_path(output)
+    converting.check_opset(opset)
+    if external_data not in EXTERNAL_DATA_CHOICES:
+        raise OutputError(f"external_data must be one of {EXTERNAL_DATA_CHOICES}")
+    check_output_location(output)
+    check_output_location(report_path)
+    stages = {}
+
+    with _stage("load", stages, progress):
+        loaded = loading.load(model_path, imports=imports, unsafe=unsafe)
+    shapes = shapes or validating.default_shapes(loaded)
+    external = external_data == "always" or (
+        external_data == "auto" and loaded.param_bytes > converting.LARGE_MODEL_BYTES
+    )
+    with _stage("trace", stages, progress):
+        traced = tracing.trace(loaded)
+    with _stage("convert", stages, progress):
+        converted = converting.convert(traced, opset=opset, large_model=external)
+        if converted.external_tensors is not None:
+            _inline_external_tensors(converted.proto, converted.external_tensors)
+    with _stage("slim", stages, progress):
+        slimmed = slimming.slim(
+            converted.proto, loaded.inputs, loaded.outputs, run_onnxslim=not external
+        )
+
+    workdir = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
+    try:
+        written = _save(slimmed.proto, workdir / output.name, external)
+        file_bytes = sum(file.stat().st_size for file in written)
+        with _stage("validate", stages, progress):
+            validation = validating.validate(loaded, written[0], shapes, atol, rtol)
+        with _stage("report", stages, progress):
+            final = output if validation.passed else failed_path(output)
+            placed = _move_into_place(written, output.parent, final)
+            report = reporting.build_report(
+                loaded=loaded,
+                onnx_path=placed[0],
+                opset=opset,
+                file_bytes=file_bytes,
+                slimmed=slimmed,
+                validation=validation,
+                stages=stages,
+                external_data=external,
+                extra=extra_report,
+            )
+            report["data_files"] = [str(path) for path in placed[1:]]
+        report["stage_seconds"]["report"] = round(stages["report"], 3)
+        report["report_path"] = str(report_path)
+        reporting.write_json_atomically(report, report_path)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    if not validation.passed:
+        worst = validation.worst()
+        what = worst.problem or (
+            f"max abs diff {worst.max_abs_diff:.3g} > atol {atol:g} + rtol {rtol:g} x |keras|"
+        )
+        raise ValidationFailed(
+            f"validation failed: output {worst.output!r} at shape {worst.shape}: {what}. "
+            f"The ONNX file was kept as {placed[0]}; {output} was left untouched. "
+            f"Report: {report_path}",
+            report,
+        )
+    return report

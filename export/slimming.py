@@ -1,0 +1,156 @@
+"""Stage 4, slim: make the converted graph lean.
+
+1. onnxslim folds constants and drops dead nodes and initializers (tf2onnx keeps
+   copies of weights that only feed `Shape`).
+2. Shared weights are stored once. A tied embedding reaches the graph twice: as
+   `E` for the lookup and as a folded constant `E^T` for the output projection,
+   which doubles the file. No maintained tool deduplicates a transposed copy
+   (onnxslim and onnxoptimizer compare tensors only as they are), so this stage
+   does it: an exact duplicate is replaced by the original, a transposed one by a
+   `Transpose` node of the original. ONNX Runtime folds that node once when the
+   session loads, so the file stays lean and inference does the same work.
+3. Dynamic axes get names (`batch`, `sequence`) instead of tf2onnx's `unk__N`.
+"""
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from export.loading import TensorInfo
+
+# Tensors smaller than this are not worth hashing.
+_MIN_DEDUPE_ELEMENTS = 1024
+
+
+@dataclass
+class SlimmedModel:
+    """The output of `slim`: the lean proto and what changed."""
+
+    proto: object
+    nodes_before: int
+    nodes_after: int
+    deduplicated: list = field(default_factory=list)  # (removed, kept, "same"|"T")
+    seconds: float = 0.0
+
+
+def _digest(array: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+def deduplicate_initializers(proto) -> list:
+    """Store every repeated or transposed weight once; returns what changed."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = proto.graph
+    seen = {}  # (dtype, shape, digest) -> name of the first tensor with that content
+    changes = []
+    renames = {}
+    transposes = []
+    kept = []
+    for init in graph.initializer:
+        size = int(np.prod(init.dims)) if init.dims else 1
+        if size < _MIN_DEDUPE_ELEMENTS:
+            kept.append(init)
+            continue
+        array = numpy_helper.to_array(init)
+        key = (array.dtype.str, array.shape, _digest(array))
+        if key in seen:
+            renames[init.name] = seen[key]
+            changes.append((init.name, seen[key], "same"))
+            continue
+        if array.ndim == 2:
+            transposed_key = (array.dtype.str, array.shape[::-1], _digest(array.T))
+            if transposed_key in seen:
+                original = seen[transposed_key]
+                transposes.append(
+                    onnx.helper.make_node(
+                        "Transpose",
+                        [original],
+                        [init.name],
+                        perm=[1, 0],
+                        name=f"{init.name}/tied_transpose",
+                    )
+                )
+                changes.append((init.name, original, "T"))
+                continue
+        seen[key] = init.name
+        kept.append(init)
+    if not changes:
+        return changes
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            if name in renames:
+                node.input[index] = renames[name]
+    for output in graph.output:
+        if output.name in renames:
+            raise ValueError(f"graph output {output.name} is a duplicated weight")
+    nodes = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(transposes + nodes)
+    return changes
+
+
+def compact_names(proto) -> None:
+    """Short names for nodes and intermediate tensors; drop stored shape hints.
+
+    tf2onnx names every node and tensor after its full TensorFlow scope
+    (`model_1/encoder_0_1/feedforward_intermediate_dense_1/Tensordot/concat_1`),
+    and shape inference stores a `value_info` per tensor. On a small model they
+    weigh as much as half the weights; ONNX Runtime needs neither. Graph inputs,
+    outputs and initializers keep their names.
+    """
+    graph = proto.graph
+    keep = {v.name for v in [*graph.input, *graph.output]}
+    keep |= {init.name for init in graph.initializer}
+    renames = {}
+    for index, node in enumerate(graph.node):
+        node.name = f"{node.op_type}_{index}"
+        for position, name in enumerate(node.output):
+            if name and name not in keep:
+                renames[name] = renames.get(name) or f"t{len(renames)}"
+                node.output[position] = renames[name]
+    for node in graph.node:
+        for position, name in enumerate(node.input):
+            if name in renames:
+                node.input[position] = renames[name]
+    del graph.value_info[:]
+
+
+def name_dynamic_axes(proto, inputs: list, outputs: list) -> None:
+    """Give graph inputs and outputs the axis names of their Keras tensors."""
+    by_name = {info.name: info for info in [*inputs, *outputs]}
+    for value in [*proto.graph.input, *proto.graph.output]:
+        info: TensorInfo | None = by_name.get(value.name)
+        if info is None:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        for dim, axis_name in zip(dims, info.axis_names(), strict=False):
+            if isinstance(axis_name, str):
+                dim.ClearField("dim_value")
+                dim.dim_param = axis_name
+
+
+def slim(proto, inputs: list, outputs: list, run_onnxslim: bool = True) -> SlimmedModel:
+    """Slim the graph. `run_onnxslim=False` for protos past 2 GB, which onnxslim
+    cannot serialise for shape inference; deduplication still runs."""
+    start = time.perf_counter()
+    before = len(proto.graph.node)
+    if run_onnxslim:
+        import onnxslim
+
+        proto = onnxslim.slim(proto)
+    changes = deduplicate_initializers(proto)
+    compact_names(proto)
+    name_dynamic_axes(proto, inputs, outputs)
+    return SlimmedModel(
+        proto=proto,
+        nodes_before=before,
+        nodes_after=len(proto.graph.node),
+        deduplicated=changes,
+        seconds=time.perf_counter() - start,
+    )

@@ -1,0 +1,73 @@
+"""Small models the export tests build and save."""
+
+import keras
+import numpy as np
+
+from keras_layers import ScaledEmbedding, SinusoidalPositionEncoding, TiedOutputDense
+
+VOCAB, WIDTH = 300, 32
+
+
+def tied_encoder(layers=2, name="tied_encoder"):
+    """keras-hub TransformerEncoder stack between our embedding layers."""
+    import keras_hub
+
+    keras.utils.set_random_seed(7)
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    embedding = ScaledEmbedding(VOCAB, WIDTH, mask_zero=True, name="embedding")
+    x = SinusoidalPositionEncoding()(embedding(ids))
+    for _ in range(layers):
+        x = keras_hub.layers.TransformerEncoder(intermediate_dim=64, num_heads=4)(x)
+    logits = TiedOutputDense(embedding, name="logits")(x)
+    return keras.Model(ids, logits, name=name)
+
+
+def dict_model():
+    """Dict inputs (keras-hub backbone style) and dict outputs."""
+    keras.utils.set_random_seed(8)
+    token_ids = keras.Input((None,), dtype="int32", name="token_ids")
+    segment_ids = keras.Input((None,), dtype="int32", name="segment_ids")
+    padding_mask = keras.Input((None,), dtype="int32", name="padding_mask")
+    embedding = ScaledEmbedding(VOCAB, WIDTH, name="embedding")
+    segments = keras.layers.Embedding(2, WIDTH, name="segment_embedding")
+    x = embedding(token_ids) + segments(segment_ids)
+    x = SinusoidalPositionEncoding()(x)
+    mask = keras.ops.cast(padding_mask, "float32")[..., None]
+    hidden = keras.layers.Dense(WIDTH, activation="gelu", name="mix")(x) * mask
+    pooled = keras.layers.GlobalAveragePooling1D(name="pooled")(hidden)
+    logits = TiedOutputDense(embedding, name="logits")(hidden)
+    return keras.Model(
+        {
+            "token_ids": token_ids,
+            "segment_ids": segment_ids,
+            "padding_mask": padding_mask,
+        },
+        {"sequence_logits": logits, "pooled": pooled},
+    )
+
+
+def sequential_model():
+    keras.utils.set_random_seed(9)
+    return keras.Sequential(
+        [
+            keras.Input((None,), dtype="int32"),
+            ScaledEmbedding(VOCAB, WIDTH),
+            SinusoidalPositionEncoding(),
+            keras.layers.Dense(3),
+        ]
+    )
+
+
+def lambda_model():
+    ids = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(10, 4)(ids)
+    return keras.Model(ids, keras.layers.Lambda(lambda t: t * 2.0)(x))
+
+
+def save(model, path):
+    model.save(path)
+    return path
+
+
+def sample_ids(batch=2, length=5):
+    return np.random.default_rng(0).integers(1, VOCAB, size=(batch, length)).astype("int32")

@@ -1,0 +1,252 @@
+"""The export pipeline end to end: conversion, validation, report, atomic output."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from models import dict_model, sample_ids, save, sequential_model, tied_encoder
+
+from export import ValidationFailed, export_model
+from export.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK_SHAPES = [(1, 1), (2, 7), (8, 64), "padded"]
+
+
+@pytest.fixture(scope="module")
+def encoder_export(tmp_path_factory):
+    """One keras-hub encoder stack with tied output, exported once for the module."""
+    directory = tmp_path_factory.mktemp("encoder")
+    model_path = save(tied_encoder(), directory / "encoder.keras")
+    output = directory / "encoder.onnx"
+    report = export_model(model_path, output)
+    return model_path, output, report
+
+
+def test_encoder_stack_exports_and_validates(encoder_export):
+    _, output, report = encoder_export
+    assert report["passed"] is True
+    assert output.exists() and Path(report["report_path"]).exists()
+    shapes = {check["shape"] for check in report["checks"]}
+    assert shapes == {f"{b}x{s}" for b in (1, 2, 8) for s in (1, 7, 64, 256)} | {"padded"}
+    assert all(check["max_abs_diff"] <= 1e-4 for check in report["checks"])
+    assert all(check["top1_agreement"] == 1.0 for check in report["checks"])
+
+
+def test_report_holds_every_field(encoder_export):
+    _, output, report = encoder_export
+    on_disk = json.loads(Path(report["report_path"]).read_text())
+    for key in (
+        "passed",
+        "onnx_path",
+        "opset",
+        "file_bytes",
+        "param_bytes",
+        "inputs",
+        "outputs",
+        "checks",
+        "stage_seconds",
+        "versions",
+        "tolerances",
+    ):
+        assert key in on_disk, key
+    assert on_disk["inputs"] == [
+        {"name": "token_ids", "shape": ["batch", "sequence"], "dtype": "int32"}
+    ]
+    assert on_disk["outputs"][0]["shape"] == ["batch", "sequence", 300]
+    assert set(on_disk["stage_seconds"]) == {
+        "load",
+        "trace",
+        "convert",
+        "slim",
+        "validate",
+        "report",
+    }
+    for package in ("keras", "tensorflow", "tf2onnx", "onnx", "onnxruntime"):
+        assert on_disk["versions"][package]
+    for check in on_disk["checks"]:
+        assert {"shape", "output", "max_abs_diff", "max_rel_diff", "passed"} <= set(check)
+    assert on_disk["file_bytes"] == output.stat().st_size
+
+
+def test_onnx_names_axes_and_runs(encoder_export):
+    model_path, output, _ = encoder_export
+    proto = onnx.load(output)
+    (graph_input,) = proto.graph.input
+    assert graph_input.name == "token_ids"
+    dims = [d.dim_param or d.dim_value for d in graph_input.type.tensor_type.shape.dim]
+    assert dims == ["batch", "sequence"]
+    out_dims = [
+        d.dim_param or d.dim_value for d in proto.graph.output[0].type.tensor_type.shape.dim
+    ]
+    assert out_dims == ["batch", "sequence", 300]
+    assert proto.opset_import[0].version >= 17
+    session = ort.InferenceSession(str(output))
+    ids = sample_ids(3, 11)
+    (logits,) = session.run(None, {"token_ids": ids})
+    expected = keras.saving.load_model(model_path)(ids)
+    np.testing.assert_allclose(logits, expected, atol=1e-4)
+
+
+def test_tied_matrix_is_stored_once(encoder_export):
+    _, output, report = encoder_export
+    proto = onnx.load(output)
+    big = [init for init in proto.graph.initializer if 300 in init.dims]
+    assert len(big) == 1, [init.name for init in big]
+    assert report["graph"]["weights_stored_once"][0]["as"] == "transpose"
+
+
+def test_dict_inputs_and_outputs(tmp_path):
+    model_path = save(dict_model(), tmp_path / "dict.keras")
+    report = export_model(model_path, tmp_path / "dict.onnx", shapes=QUICK_SHAPES)
+    assert report["passed"]
+    assert [i["name"] for i in report["inputs"]] == [
+        "token_ids",
+        "segment_ids",
+        "padding_mask",
+    ]
+    assert {o["name"] for o in report["outputs"]} == {"sequence_logits", "pooled"}
+    session = ort.InferenceSession(str(tmp_path / "dict.onnx"))
+    assert {o.name for o in session.get_outputs()} == {"sequence_logits", "pooled"}
+    # The padded grid point fed a padding mask with zeros.
+    assert any(check["shape"] == "padded" for check in report["checks"])
+
+
+def test_sequential_model(tmp_path):
+    model_path = save(sequential_model(), tmp_path / "seq.keras")
+    report = export_model(model_path, tmp_path / "seq.onnx", shapes=[(2, 5)])
+    assert report["passed"]
+
+
+def test_mixed_precision_model_exports_in_float32(tmp_path, policy):
+    policy("mixed_float16")
+    model = tied_encoder(layers=1)
+    model_path = save(model, tmp_path / "mixed.keras")
+    policy("float32")
+    report = export_model(model_path, tmp_path / "mixed.onnx", shapes=QUICK_SHAPES)
+    assert report["passed"]
+    assert "mixed_float16" in report["exported_from_policies"]
+    proto = onnx.load(tmp_path / "mixed.onnx")
+    assert proto.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    half = [i for i in proto.graph.initializer if i.data_type == onnx.TensorProto.FLOAT16]
+    assert not half
+
+
+def test_failed_validation_keeps_the_good_file(tmp_path, encoder_export):
+    model_path, good_output, _ = encoder_export
+    output = tmp_path / "model.onnx"
+    output.write_bytes(good_output.read_bytes())
+    before = output.read_bytes()
+    with pytest.raises(ValidationFailed) as raised:
+        export_model(model_path, output, atol=0.0, rtol=0.0, shapes=[(8, 64)])
+    assert output.read_bytes() == before
+    report = raised.value.report
+    assert report["passed"] is False
+    assert report["worst"]["max_abs_diff"] > 0
+    assert Path(report["onnx_path"]) == tmp_path / "model.failed.onnx"
+    assert (tmp_path / "model.failed.onnx").exists()
+    assert json.loads((tmp_path / "model.report.json").read_text())["passed"] is False
+    assert "logits" in str(raised.value) and "8x64" in str(raised.value)
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_tampered_graph_fails_validation(tmp_path, monkeypatch, encoder_export):
+    """A wrong weight in the file is caught at the default tolerances."""
+    from onnx import numpy_helper
+
+    from export import slimming
+
+    real_slim = slimming.slim
+
+    def tampered(proto, *args, **kwargs):
+        result = real_slim(proto, *args, **kwargs)
+        init = max(result.proto.graph.initializer, key=lambda i: len(i.raw_data))
+        array = numpy_helper.to_array(init).copy()
+        array.flat[0] += 0.5
+        init.CopyFrom(numpy_helper.from_array(array, init.name))
+        return result
+
+    monkeypatch.setattr(slimming, "slim", tampered)
+    model_path, _, _ = encoder_export
+    code = main([str(model_path), "-o", str(tmp_path / "t.onnx"), "--shapes", "2x7"])
+    assert code == 1
+    assert not (tmp_path / "t.onnx").exists()
+    assert (tmp_path / "t.failed.onnx").exists()
+
+
+def test_cli_exit_code_and_report_path(tmp_path, encoder_export):
+    model_path, _, _ = encoder_export
+    report = tmp_path / "r" / "report.json"
+    code = main(
+        [
+            str(model_path),
+            "-o",
+            str(tmp_path / "cli.onnx"),
+            "--report",
+            str(report),
+            "--shapes",
+            "1x3,padded",
+            "--opset",
+            "17",
+        ]
+    )
+    assert code == 0
+    data = json.loads(report.read_text())
+    assert data["passed"] and data["opset"] == 17
+    assert [c["shape"] for c in data["checks"]] == ["1x3", "padded"]
+
+
+def test_readme_inference_snippet_runs(encoder_export, monkeypatch, tmp_path):
+    """The README's onnxruntime example, run against a real exported file."""
+    import re
+
+    _, output, _ = encoder_export
+    text = (ROOT / "README.md").read_text()
+    (snippet,) = [
+        block
+        for block in re.findall(r"```python\n(.*?)```", text, flags=re.S)
+        if "onnxruntime" in block
+    ]
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(snippet.replace("model.onnx", str(output)), namespace)
+    assert namespace["logits"].shape[-1] == 300
+
+
+def test_script_runs_from_a_shell_without_traceback(tmp_path):
+    """`python export/to_onnx.py` with bad input: one line, exit 2, in a real process."""
+    missing = tmp_path / "nope.keras"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "export" / "to_onnx.py"), str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert result.returncode == 2
+    assert "no such file" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not list(tmp_path.iterdir())
+
+
+def test_demo_default_run_trains_exports_and_reuses(tmp_path, monkeypatch, capsys):
+    """`python export/to_onnx.py` with no arguments: the README's main job."""
+    monkeypatch.chdir(tmp_path)
+    assert main([]) == 0
+    report_path = tmp_path / "artifacts" / "demo" / "demo_encoder.report.json"
+    report = json.loads(report_path.read_text())
+    assert report["passed"]
+    assert report["demo"]["masked_token_accuracy"] >= 0.90
+    assert any(check["shape"] == "padded" for check in report["checks"])
+    assert "Training the demo encoder" in capsys.readouterr().out
+    # A rerun reuses the trained model instead of training again.
+    assert main(["--shapes", "1x5"]) == 0
+    assert "Reusing the trained demo" in capsys.readouterr().out
