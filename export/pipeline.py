@@ -56,20 +56,6 @@ def _stage(name: str, stages: dict, progress: Callable | None):
         progress(name, stages[name])
 
 
-def _inline_external_tensors(proto, storage) -> None:
-    """Put tf2onnx's out-of-proto tensors (large_model mode) back as raw data."""
-    from onnx import TensorProto
-
-    tensors = storage.name_to_tensor_data
-    for init in proto.graph.initializer:
-        if init.data_location != TensorProto.EXTERNAL:
-            continue
-        location = {entry.key: entry.value for entry in init.external_data}["location"]
-        init.raw_data = tensors[location]
-        del init.external_data[:]
-        init.data_location = TensorProto.DEFAULT
-
-
 def _save(proto, path: Path, external: bool) -> list:
     """Save the proto; returns every file written (the model, its data file)."""
     import onnx
@@ -138,9 +124,7 @@ def export_model(
     with _stage("trace", stages, progress):
         traced = tracing.trace(loaded)
     with _stage("convert", stages, progress):
-        converted = converting.convert(traced, opset=opset, large_model=external)
-        if converted.external_tensors is not None:
-            _inline_external_tensors(converted.proto, converted.external_tensors)
+        converted = converting.convert(traced, opset=opset)
     with _stage("slim", stages, progress):
         slimmed = slimming.slim(
             converted.proto, loaded.inputs, loaded.outputs, run_onnxslim=not external

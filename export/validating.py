@@ -164,23 +164,23 @@ def compare(label, name, got, expected, atol, rtol) -> Check:
             False,
             problem=f"shape {got.shape} != Keras {expected.shape}",
         )
-    got64, expected64 = got.astype(np.float64), expected.astype(np.float64)
-    if not (np.isfinite(got64).all() and np.isfinite(expected64).all()):
-        same = np.array_equal(np.isnan(got64), np.isnan(expected64))
+    # Compare in the outputs' own dtype (float64 copies of 8 x 256 x 30k logits
+    # would cost a gigabyte); integers and booleans as float64.
+    dtype = got.dtype if np.issubdtype(got.dtype, np.floating) else np.float64
+    got_f, expected_f = got.astype(dtype, copy=False), expected.astype(dtype, copy=False)
+    if not (np.isfinite(got_f).all() and np.isfinite(expected_f).all()):
+        same = np.array_equal(np.isnan(got_f), np.isnan(expected_f))
         if not same:
             return Check(label, name, float("inf"), float("inf"), False, problem="NaN differs")
-        finite = np.isfinite(got64) & np.isfinite(expected64)
-        got64, expected64 = got64[finite], expected64[finite]
-    diff = np.abs(got64 - expected64)
+        finite = np.isfinite(got_f) & np.isfinite(expected_f)
+        got_f, expected_f = got_f[finite], expected_f[finite]
+    diff = np.abs(got_f - expected_f)
+    magnitude = np.abs(expected_f)
     max_abs = float(diff.max()) if diff.size else 0.0
     # Relative difference where it means something: away from zero.
-    meaningful = np.abs(expected64) > atol
-    max_rel = (
-        float((diff[meaningful] / np.abs(expected64[meaningful])).max())
-        if meaningful.any()
-        else 0.0
-    )
-    passed = bool(np.all(diff <= atol + rtol * np.abs(expected64)))
+    meaningful = magnitude > atol
+    max_rel = float((diff[meaningful] / magnitude[meaningful]).max()) if meaningful.any() else 0.0
+    passed = bool(np.all(diff <= atol + rtol * magnitude))
     top1 = None
     if got.ndim >= 2 and got.shape[-1] > 1 and np.issubdtype(got.dtype, np.floating):
         top1 = float(np.mean(got.argmax(-1) == expected.argmax(-1)))

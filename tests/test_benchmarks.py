@@ -1,0 +1,15 @@
+"""The benchmark scripts run (a smoke test: no timing is asserted)."""
+
+import json
+
+from benchmarks import layers
+
+
+def test_layers_benchmark_quick_mode_writes_every_row():
+    rows = layers.main(["--quick"])
+    assert {row["layer"] for row in rows} == {"embedding", "position encoding", "tied output"}
+    assert {row["mode"] for row in rows} == {"eager", "tf.function"}
+    for row in rows:
+        assert row["ours_ms"] > 0 and row["peer_ms"] > 0
+    written = json.loads((layers.RESULTS / "layers.quick.json").read_text())
+    assert len(written["rows"]) == 6

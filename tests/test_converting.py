@@ -1,0 +1,51 @@
+"""The tf2onnx building blocks `export/converting.py` relies on are still there.
+
+They are public in the package but not documented as API, so a tf2onnx upgrade
+must be checked here first (pyproject pins tf2onnx below 1.18).
+"""
+
+import inspect
+
+import numpy as np
+import pytest
+
+
+def test_tf2onnx_building_blocks_exist():
+    from tf2onnx import convert, optimizer, tf_loader, tf_utils, tfonnx
+    from tf2onnx.graph import ExternalTensorStorage
+
+    assert callable(convert.tensor_names_from_structed)
+    assert "large_model" in inspect.signature(tf_loader.from_function).parameters
+    assert callable(tf_utils.compress_graph_def)
+    params = inspect.signature(tfonnx.process_tf_graph).parameters
+    assert {"const_node_values", "tensors_to_rename", "opset"} <= set(params)
+    assert len(optimizer._get_optimizers()) >= 10
+    assert hasattr(ExternalTensorStorage(), "name_to_tensor_data")
+
+
+def test_conversion_keeps_weights_inline_and_exact(tmp_path):
+    import keras
+
+    from export import converting, loading, tracing
+
+    inputs = keras.Input((5,))
+    dense = keras.layers.Dense(3, name="dense")
+    keras.Model(inputs, dense(inputs)).save(tmp_path / "m.keras")
+    loaded = loading.load(tmp_path / "m.keras")
+    converted = converting.convert(tracing.trace(loaded))
+    from onnx import TensorProto, numpy_helper
+
+    initializers = {i.name: i for i in converted.proto.graph.initializer}
+    assert all(i.data_location == TensorProto.DEFAULT for i in initializers.values())
+    kernel = np.asarray(loaded.model.get_layer("dense").kernel)
+    stored = [numpy_helper.to_array(i) for i in initializers.values()]
+    assert any(a.shape == kernel.shape and np.array_equal(a, kernel) for a in stored)
+
+
+@pytest.mark.parametrize("opset", [12, 19, 99])
+def test_unsupported_opset_is_refused(opset):
+    from export.converting import check_opset
+    from export.errors import UsageError
+
+    with pytest.raises(UsageError, match="unsupported"):
+        check_opset(opset)
