@@ -66,6 +66,7 @@ def build_report(
         "graph": {
             "nodes_converted": slimmed.nodes_before,
             "nodes_final": slimmed.nodes_after,
+            "fused": slimmed.fused,
             "weights_stored_once": [
                 {
                     "removed": removed,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from export import fusions
 from export.loading import TensorInfo
 
 # Tensors smaller than this are not worth hashing.
@@ -32,6 +33,7 @@ class SlimmedModel:
     nodes_before: int
     nodes_after: int
     deduplicated: list = field(default_factory=list)  # (removed, kept, "same"|"T")
+    fused: dict = field(default_factory=dict)  # op type -> subgraphs folded into it
     seconds: float = 0.0
 
 
@@ -135,15 +137,35 @@ def name_dynamic_axes(proto, inputs: list, outputs: list) -> None:
                 dim.dim_param = axis_name
 
 
+def remove_dead_nodes(proto) -> None:
+    """Drop nodes whose outputs nothing reads, then unread initializers."""
+    graph = proto.graph
+    needed = {value.name for value in graph.output}
+    kept = []
+    for node in reversed(graph.node):
+        if any(name in needed for name in node.output):
+            kept.append(node)
+            needed.update(node.input)
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+    live = [init for init in graph.initializer if init.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(live)
+
+
 def slim(proto, inputs: list, outputs: list, run_onnxslim: bool = True) -> SlimmedModel:
     """Slim the graph. `run_onnxslim=False` for protos past 2 GB, which onnxslim
-    cannot serialise for shape inference; deduplication still runs."""
+    and ONNX shape inference cannot serialise; the other passes still run."""
     start = time.perf_counter()
     before = len(proto.graph.node)
+    fused = {"LayerNormalization": 0, "MatMul": 0}
     if run_onnxslim:
         import onnxslim
 
         proto = onnxslim.slim(proto)
+        fused["LayerNormalization"] = fusions.fuse_layer_norms(proto, fusions.tensor_ranks(proto))
+    fused["MatMul"] = fusions.fuse_tensordot_matmuls(proto)
+    remove_dead_nodes(proto)
     changes = deduplicate_initializers(proto)
     compact_names(proto)
     name_dynamic_axes(proto, inputs, outputs)
@@ -152,5 +174,6 @@ def slim(proto, inputs: list, outputs: list, run_onnxslim: bool = True) -> Slimm
         nodes_before=before,
         nodes_after=len(proto.graph.node),
         deduplicated=changes,
+        fused=fused,
         seconds=time.perf_counter() - start,
     )

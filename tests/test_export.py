@@ -250,3 +250,47 @@ def test_demo_default_run_trains_exports_and_reuses(tmp_path, monkeypatch, capsy
     # A rerun reuses the trained model instead of training again.
     assert main(["--shapes", "1x5"]) == 0
     assert "Reusing the trained demo" in capsys.readouterr().out
+
+
+def test_layer_norms_and_dense_layers_are_folded(encoder_export):
+    _, output, report = encoder_export
+    ops = [node.op_type for node in onnx.load(output).graph.node]
+    # 2 encoder layers x 2 LayerNorms and 2 feed-forward Dense layers, plus the
+    # tied output projection.
+    assert ops.count("LayerNormalization") == 4
+    assert "ReduceMean" not in ops and "Sqrt" not in ops
+    assert report["graph"]["fused"] == {"LayerNormalization": 4, "MatMul": 5}
+    assert report["graph"]["nodes_final"] < report["graph"]["nodes_converted"]
+
+
+def test_fusions_leave_unmatched_graphs_alone():
+    """A mean over the first axis is not a LayerNorm and must not be fused."""
+    from onnx import TensorProto, helper
+
+    from export import fusions
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [0])
+    eps = helper.make_tensor("eps", TensorProto.FLOAT, [], [1e-3])
+    gamma = helper.make_tensor("gamma", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])
+    nodes = [
+        helper.make_node("ReduceMean", ["x", "axes"], ["m"]),
+        helper.make_node("Neg", ["m"], ["nm"]),
+        helper.make_node("Sub", ["x", "m"], ["c"]),
+        helper.make_node("Mul", ["c", "c"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["v"]),
+        helper.make_node("Add", ["v", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Reciprocal", ["s"], ["r"]),
+        helper.make_node("Mul", ["r", "gamma"], ["g"]),
+        helper.make_node("Mul", ["x", "g"], ["a"]),
+        helper.make_node("Mul", ["nm", "g"], ["b"]),
+        helper.make_node("Add", ["a", "b"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "g", [x], [y], [axes, eps, gamma])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    assert fusions.fuse_layer_norms(proto, fusions.tensor_ranks(proto)) == 0
+    # The same graph over the last axis is a LayerNorm.
+    proto.graph.initializer[0].CopyFrom(helper.make_tensor("axes", TensorProto.INT64, [1], [1]))
+    assert fusions.fuse_layer_norms(proto, fusions.tensor_ranks(proto)) == 1
