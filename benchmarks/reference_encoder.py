@@ -9,7 +9,14 @@ random weights.
 VOCABULARY, WIDTH, LAYERS, INTERMEDIATE, HEADS = 30522, 256, 4, 1024, 4
 
 
-def build(vocabulary=VOCABULARY, width=WIDTH, layers=LAYERS, seed=0):
+def build(
+    vocabulary=VOCABULARY,
+    width=WIDTH,
+    layers=LAYERS,
+    intermediate=INTERMEDIATE,
+    heads=HEADS,
+    seed=0,
+):
     import keras
     import keras_hub
 
@@ -21,7 +28,7 @@ def build(vocabulary=VOCABULARY, width=WIDTH, layers=LAYERS, seed=0):
     hidden = SinusoidalPositionEncoding(name="position_encoding")(embedding(token_ids))
     for index in range(layers):
         hidden = keras_hub.layers.TransformerEncoder(
-            intermediate_dim=INTERMEDIATE, num_heads=HEADS, name=f"encoder_{index}"
+            intermediate_dim=intermediate, num_heads=heads, name=f"encoder_{index}"
         )(hidden)
     logits = TiedOutputDense(embedding, name="logits")(hidden)
     return keras.Model(token_ids, logits, name="reference_encoder")

@@ -106,6 +106,11 @@ def parser() -> argparse.ArgumentParser:
         help="store weights in OUT.onnx.data (auto: when over ~1.8 GB)",
     )
     p.add_argument(
+        "--quantize",
+        choices=["int8"],
+        help="also write OUT.int8.onnx (dynamic int8), judged by top-1 agreement",
+    )
+    p.add_argument(
         "--retrain",
         action="store_true",
         help="retrain the demo even if a trained one exists",
@@ -183,10 +188,13 @@ def main(argv=None) -> int:
 
     try:
         shapes = parse_shapes(args.shapes) if args.shapes else None
-        extra = None
+        extra, evaluate = None, None
         model = args.model
         if model is None:
             model, extra = _demo(args, console)
+            from export.demo import int8_evaluation
+
+            evaluate = int8_evaluation(model, extra["demo"]["masked_token_accuracy"])
         output = args.output or model.with_suffix(".onnx")
         console.print(f"[bold]Exporting[/] {model} -> {output}")
         start = time.perf_counter()
@@ -201,6 +209,8 @@ def main(argv=None) -> int:
             imports=args.imports,
             unsafe=args.unsafe,
             external_data=args.external_data,
+            quantize=args.quantize,
+            evaluate=evaluate,
             progress=progress,
             extra_report=extra,
         )
@@ -210,6 +220,12 @@ def main(argv=None) -> int:
             f"{len(report['checks'])} checks ({time.perf_counter() - start:.1f} s). "
             f"Report: {report['report_path']}"
         )
+        if "int8" in report:
+            int8 = report["int8"]
+            console.print(
+                f"[green]int8[/]: {int8['onnx_path']} ({int8['size_ratio']}x the float32 "
+                f"parameter bytes); {int8['verdict']}"
+            )
         if args.unsafe:
             err.print("[yellow]warning:[/] loaded with --unsafe (Lambda code allowed)")
         return EXIT_OK

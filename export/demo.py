@@ -142,3 +142,38 @@ def saved_metrics(model_path: Path) -> dict | None:
     if model_path.exists() and path.exists():
         return json.loads(path.read_text())
     return None
+
+
+def int8_evaluation(
+    model_path: Path, keras_accuracy: float, max_drop: float = 0.01, min_top1: float = 0.995
+):
+    """The quantized demo's task-level check, on the held-out sequences: top-1
+    agreement with Keras at every real token at least `min_top1`, and
+    masked-token accuracy within `max_drop` of the Keras model's."""
+
+    def evaluate(onnx_path) -> dict:
+        import keras
+        import onnxruntime as ort
+
+        config = DemoConfig(**json.loads(metrics_path(model_path).read_text())["config"])
+        ids, labels, weights = make_task(config, config.held_out_sequences, config.seed + 1)
+        session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+        predictions = session.run(None, {"token_ids": ids})[0].argmax(-1)
+        model = keras.saving.load_model(model_path, compile=False)
+        reference = np.asarray(model.predict(ids, batch_size=256, verbose=0)).argmax(-1)
+        top1 = float((predictions == reference)[ids != PAD].mean())
+        accuracy = float(((predictions == labels) & (weights > 0)).sum() / weights.sum())
+        passed = top1 >= min_top1 and keras_accuracy - accuracy <= max_drop
+        return {
+            "passed": passed,
+            "top1_agreement": top1,
+            "min_top1": min_top1,
+            "masked_token_accuracy": accuracy,
+            "keras_masked_token_accuracy": keras_accuracy,
+            "summary": (
+                f"on held-out data top-1 agreement {top1:.2%} (>= {min_top1:.1%}), "
+                f"masked-token accuracy {accuracy:.2%} vs Keras {keras_accuracy:.2%}"
+            ),
+        }
+
+    return evaluate

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from export import converting, loading, reporting, slimming, tracing, validating
+from export import converting, loading, quantizing, reporting, slimming, tracing, validating
 from export.errors import OutputError, ValidationFailed
 
 EXTERNAL_DATA_CHOICES = ("auto", "always", "never")
@@ -86,6 +86,45 @@ def _move_into_place(files: list, directory: Path, final: Path) -> list:
     return moved
 
 
+def int8_path(output: Path) -> Path:
+    return output.with_name(f"{output.stem}.int8{output.suffix or '.onnx'}")
+
+
+def _quantized(loaded, output, workdir, shapes, evaluate, param_bytes) -> dict:
+    """Quantize the validated float file, judge it, and place it."""
+    from dataclasses import asdict
+
+    staged = workdir / int8_path(output).name
+    quantizing.quantize_int8(output, staged)
+    validation = validating.validate(loaded, staged, shapes, quantized=True)
+    evaluation = evaluate(staged) if evaluate else None
+    passed = validation.passed and (evaluation is None or evaluation["passed"])
+    final = int8_path(output) if passed else failed_path(int8_path(output))
+    os.replace(staged, final)
+    worst = min(
+        (c for c in validation.checks if c.top1_agreement is not None),
+        key=lambda c: c.top1_agreement,
+        default=None,
+    )
+    verdict = (
+        f"lowest top-1 agreement {worst.top1_agreement:.2%} at {worst.shape}"
+        if worst
+        else "no top-1 output"
+    )
+    if evaluation is not None:
+        verdict += f"; {evaluation.get('summary', '')}"
+    return {
+        "passed": passed,
+        "onnx_path": str(final),
+        "file_bytes": final.stat().st_size,
+        "size_ratio": round(final.stat().st_size / param_bytes, 4),
+        "min_top1": validating.INT8_MIN_TOP1,
+        "checks": [asdict(check) for check in validation.checks],
+        "evaluation": evaluation,
+        "verdict": verdict,
+    }
+
+
 def export_model(
     model_path,
     output,
@@ -98,6 +137,8 @@ def export_model(
     imports=(),
     unsafe: bool = False,
     external_data: str = "auto",
+    quantize: str | None = None,
+    evaluate: Callable | None = None,
     progress: Callable | None = None,
     extra_report: dict | None = None,
 ) -> dict:
@@ -105,10 +146,16 @@ def export_model(
 
     Raises `ValidationFailed` (with the report attached) when ONNX Runtime and
     Keras disagree beyond `atol` + `rtol`, and other `ExportError`s for bad input.
+
+    `quantize="int8"` also writes `OUT.int8.onnx`, quantized dynamically and
+    judged by top-1 agreement with Keras (see `validating.INT8_MIN_TOP1`);
+    `evaluate(path) -> dict` may add a task-level check of it (`passed` key).
     """
     output = Path(output)
     report_path = Path(report_path) if report_path else default_report_path(output)
     converting.check_opset(opset)
+    if quantize not in (None, "int8"):
+        raise OutputError(f"--quantize {quantize}: only int8 is supported")
     if external_data not in EXTERNAL_DATA_CHOICES:
         raise OutputError(f"external_data must be one of {EXTERNAL_DATA_CHOICES}")
     check_output_location(output)
@@ -151,12 +198,24 @@ def export_model(
                 extra=extra_report,
             )
             report["data_files"] = [str(path) for path in placed[1:]]
+        if quantize and validation.passed:
+            with _stage("quantize", stages, progress):
+                report["int8"] = _quantized(
+                    loaded, output, workdir, shapes, evaluate, report["param_bytes"]
+                )
+            report["passed"] = report["int8"]["passed"]
+            report["stage_seconds"]["quantize"] = round(stages["quantize"], 3)
         report["stage_seconds"]["report"] = round(stages["report"], 3)
         report["report_path"] = str(report_path)
         reporting.write_json_atomically(report, report_path)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
+    if validation.passed and not report["passed"]:
+        raise ValidationFailed(
+            "int8 validation failed: " + report["int8"]["verdict"] + f". Report: {report_path}",
+            report,
+        )
     if not validation.passed:
         worst = validation.worst()
         what = worst.problem or (

@@ -23,6 +23,16 @@ import numpy as np
 from export.errors import UsageError
 from export.loading import LoadedModel, flatten
 
+# An int8 model is judged by its predictions, not by tolerances. On the grid's
+# random ids (out of any training distribution, so many near-ties) quantization
+# flips some top-1 tokens: measured on the trained demo, 92.9-100% agreement per
+# grid point, while on held-out task data it agrees 99.6% of the time. The grid
+# therefore only guards against a broken int8 model (at least 90% at every grid
+# point, valid positions only); a task-level check (the demo's `evaluate`)
+# holds the real bar. Outputs without a top-1 (pooled vectors) must stay within
+# a 5% relative L2 error.
+INT8_MIN_TOP1 = 0.90
+INT8_MAX_RELATIVE_ERROR = 0.05
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
 DEFAULT_BATCHES = (1, 2, 8)
@@ -151,8 +161,12 @@ def _keras_outputs(loaded: LoadedModel, feeds: dict) -> dict:
     return {name: np.asarray(value) for name, value in zip(output_names, flat, strict=True)}
 
 
-def compare(label, name, got, expected, atol, rtol) -> Check:
-    """Compare one ONNX output with the Keras one; never raises."""
+def compare(label, name, got, expected, atol, rtol, valid=None) -> Check:
+    """Compare one ONNX output with the Keras one; never raises.
+
+    `valid` (batch, sequence) marks the real tokens; top-1 agreement counts only
+    those.
+    """
     if got is None:
         return Check(label, name, float("inf"), float("inf"), False, problem="missing output")
     if got.shape != expected.shape:
@@ -183,13 +197,44 @@ def compare(label, name, got, expected, atol, rtol) -> Check:
     passed = bool(np.all(diff <= atol + rtol * magnitude))
     top1 = None
     if got.ndim >= 2 and got.shape[-1] > 1 and np.issubdtype(got.dtype, np.floating):
-        top1 = float(np.mean(got.argmax(-1) == expected.argmax(-1)))
+        same = got.argmax(-1) == expected.argmax(-1)
+        if valid is not None and same.shape == valid.shape and valid.any():
+            same = same[valid]
+        top1 = float(np.mean(same))
     return Check(label, name, max_abs, max_rel, passed, top1)
 
 
+def _valid_positions(loaded: LoadedModel, feeds: dict):
+    for info in loaded.inputs:
+        if info.is_padding_mask:
+            return feeds[info.name].astype(bool)
+        if info.masks_zero:
+            return feeds[info.name] != 0
+    return None
+
+
+def judge_by_predictions(check: Check, got, expected) -> Check:
+    """Re-judge a check for a quantized model (see INT8_MIN_TOP1)."""
+    if check.problem is not None:
+        return check
+    if check.top1_agreement is not None:
+        check.passed = check.top1_agreement >= INT8_MIN_TOP1
+    else:
+        error = np.linalg.norm(got - expected) / max(np.linalg.norm(expected), 1e-12)
+        check.passed = bool(error <= INT8_MAX_RELATIVE_ERROR)
+    return check
+
+
 def validate(
-    loaded: LoadedModel, onnx_path, shapes=None, atol=DEFAULT_ATOL, rtol=DEFAULT_RTOL
+    loaded: LoadedModel,
+    onnx_path,
+    shapes=None,
+    atol=DEFAULT_ATOL,
+    rtol=DEFAULT_RTOL,
+    quantized: bool = False,
 ) -> Validation:
+    """Run ONNX Runtime and Keras over the grid; `quantized` judges int8 models
+    by top-1 agreement instead of tolerances."""
     import onnxruntime as ort
 
     start = time.perf_counter()
@@ -201,9 +246,11 @@ def validate(
         feeds = make_inputs(loaded, shape, rng)
         expected = _keras_outputs(loaded, feeds)
         got = dict(zip(onnx_outputs, session.run(None, feeds), strict=True))
+        valid = _valid_positions(loaded, feeds)
         for name, value in expected.items():
-            result.checks.append(
-                compare(shape_label(shape), name, got.get(name), value, atol, rtol)
-            )
+            check = compare(shape_label(shape), name, got.get(name), value, atol, rtol, valid)
+            if quantized:
+                check = judge_by_predictions(check, got.get(name), value)
+            result.checks.append(check)
     result.seconds = time.perf_counter() - start
     return result

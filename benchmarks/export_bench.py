@@ -1,0 +1,303 @@
+"""The reference encoder exported the plain tf2onnx way and our way, side by side.
+
+    python benchmarks/export_bench.py [--quick]
+
+One run prints one table: file bytes / parameter bytes, export time and peak
+memory (each export in its own process, so peak RSS is its own), session load
+time, and latency (median and p90, milliseconds) at (batch 1, seq 128) and
+(batch 8, seq 128) for Keras eager, `tf.function`, `tf.function(jit_compile=True)`
+(XLA), ONNX Runtime on the plain tf2onnx file, on ours, on ours quantized to int8,
+and the matmul-only bound (the model's matmul shapes, each timed alone in ONNX
+Runtime, summed). All ONNX Runtime sessions use 2 intra-op threads and every
+graph optimisation. Writes benchmarks/results/export_bench.json and
+export_bench.png. `--quick` uses a tiny encoder and few rounds: a smoke test for
+CI, no timing is asserted.
+"""
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RESULTS = Path(__file__).resolve().parent / "results"
+THREADS = 2
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child_export(kind: str, model_path: str, output: str) -> dict:
+    """Run one export in this (fresh) process; returns its time and peak RSS."""
+    import keras
+    import onnx
+    import tensorflow as tf
+
+    import keras_layers  # noqa: F401 - registers the layers
+
+    start = time.perf_counter()
+    if kind == "plain":
+        import tf2onnx
+
+        model = keras.saving.load_model(model_path)
+        spec = [tf.TensorSpec((None, None), tf.int32, name="token_ids")]
+        function = tf.function(lambda ids: {"logits": model(ids)}, input_signature=spec)
+        proto, _ = tf2onnx.convert.from_function(function, input_signature=spec, opset=18)
+        onnx.save(proto, output)
+    else:
+        from export import converting, loading, slimming, tracing
+
+        loaded = loading.load(model_path)
+        converted = converting.convert(tracing.trace(loaded))
+        slimmed = slimming.slim(converted.proto, loaded.inputs, loaded.outputs)
+        onnx.save(slimmed.proto, output)
+    return {"seconds": time.perf_counter() - start, "peak_rss_mb": _peak_rss_mb()}
+
+
+def run_child(kind, model_path, output):
+    result = subprocess.run(
+        [sys.executable, __file__, "--child", kind, str(model_path), str(output)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def session(path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def load_seconds(path, repeats=3):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        session(path)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def matmul_shapes(batch, length, config):
+    vocabulary, width, layers, intermediate, heads = config
+    head = width // heads
+    rows = batch * length
+    shapes = []
+    for _ in range(layers):
+        shapes += [((rows, width), (width, width))] * 4
+        shapes += [((batch * heads, length, head), (batch * heads, head, length))]
+        shapes += [((batch * heads, length, length), (batch * heads, length, head))]
+        shapes += [
+            ((rows, width), (width, intermediate)),
+            ((rows, intermediate), (intermediate, width)),
+        ]
+    shapes.append(((rows, width), (width, vocabulary)))
+    return shapes
+
+
+def matmul_bound(batch, length, config, rounds):
+    """Sum of each matmul of the model timed alone in ONNX Runtime (median ms)."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from benchmarks.timing import time_side_by_side
+
+    cache = {}
+    total = 0.0
+    for a_shape, b_shape in matmul_shapes(batch, length, config):
+        key = (a_shape, b_shape)
+        if key not in cache:
+            a = helper.make_tensor_value_info("A", TensorProto.FLOAT, a_shape)
+            b = helper.make_tensor_value_info("B", TensorProto.FLOAT, b_shape)
+            y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)
+            graph = helper.make_graph(
+                [helper.make_node("MatMul", ["A", "B"], ["Y"])], "mm", [a, b], [y]
+            )
+            proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+            with tempfile.NamedTemporaryFile(suffix=".onnx", delete=False) as file:
+                file.write(proto.SerializeToString())
+            sess = session(file.name)
+            os.unlink(file.name)
+            feeds = {
+                "A": np.random.rand(*a_shape).astype("float32"),
+                "B": np.random.rand(*b_shape).astype("float32"),
+            }
+            cache[key] = time_side_by_side(
+                {"mm": lambda sess=sess, feeds=feeds: sess.run(None, feeds)}, rounds=rounds
+            )["mm"]
+        total += cache[key]["median_ms"]
+    return total
+
+
+def quantize_int8(source, target):
+    from export.quantizing import quantize_int8 as quantize
+
+    quantize(source, target)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--child", nargs=3, metavar=("KIND", "MODEL", "OUT"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child_export(*args.child)))
+        return None
+
+    import numpy as np
+    import tensorflow as tf
+
+    from benchmarks import reference_encoder
+    from benchmarks.timing import time_side_by_side
+
+    if args.quick:
+        config = (2000, 64, 1, 128, 4)
+        shapes, rounds = [(1, 16)], 3
+    else:
+        config = (30522, 256, 4, 1024, 4)
+        shapes, rounds = [(1, 128), (8, 128)], 15
+    vocabulary, width, layers, intermediate, heads = config
+    RESULTS.mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="export_bench_"))
+    model = reference_encoder.build(
+        vocabulary, width, layers, intermediate=intermediate, heads=heads
+    )
+    model_path = work / "reference.keras"
+    model.save(model_path)
+    param_bytes = 4 * model.count_params()
+
+    files = {"plain": work / "plain.onnx", "ours": work / "ours.onnx"}
+    exports = {kind: run_child(kind, model_path, path) for kind, path in files.items()}
+    files["ours int8"] = work / "ours_int8.onnx"
+    start = time.perf_counter()
+    quantize_int8(files["ours"], files["ours int8"])
+    exports["ours int8"] = {"seconds": time.perf_counter() - start, "peak_rss_mb": None}
+
+    eager = model
+    graph = tf.function(model)
+    xla = tf.function(model, jit_compile=True)
+    sessions = {kind: session(path) for kind, path in files.items()}
+    latency = {}
+    for batch, length in shapes:
+        ids = np.random.default_rng(0).integers(1, vocabulary, size=(batch, length)).astype("int32")
+        tensor = tf.constant(ids)
+        candidates = {
+            "keras eager": lambda tensor=tensor: eager(tensor),
+            "tf.function": lambda tensor=tensor: graph(tensor),
+            "tf.function XLA": lambda tensor=tensor: xla(tensor),
+        }
+        for kind, sess in sessions.items():
+            candidates[f"ort {kind}"] = lambda sess=sess, ids=ids: sess.run(
+                None, {"token_ids": ids}
+            )
+        timing = time_side_by_side(candidates, rounds=rounds, calls=1, warmup=3)
+        timing["matmul bound"] = {
+            "median_ms": matmul_bound(batch, length, config, rounds),
+            "p90_ms": None,
+        }
+        latency[f"{batch}x{length}"] = timing
+
+    files_table = {
+        kind: {
+            "file_bytes": path.stat().st_size,
+            "size_ratio": path.stat().st_size / param_bytes,
+            "load_seconds": load_seconds(path),
+            **exports[kind],
+        }
+        for kind, path in files.items()
+    }
+    report = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+        "command": "python benchmarks/export_bench.py" + (" --quick" if args.quick else ""),
+        "config": dict(
+            zip(["vocabulary", "width", "layers", "intermediate", "heads"], config, strict=True)
+        ),
+        "param_bytes": param_bytes,
+        "files": files_table,
+        "latency_ms": latency,
+    }
+    report["ratios"] = ratios(report)
+    print_table(report)
+    name = "export_bench.quick" if args.quick else "export_bench"
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2))
+    plot(report, RESULTS / f"{name}.png")
+    print(f"wrote {RESULTS / name}.json and .png")
+    return report
+
+
+def ratios(report):
+    out = {}
+    plain, ours = report["files"]["plain"], report["files"]["ours"]
+    out["export time ours/plain"] = ours["seconds"] / plain["seconds"]
+    out["export peak memory ours/plain"] = ours["peak_rss_mb"] / plain["peak_rss_mb"]
+    out["int8 file / float32 parameter bytes"] = (
+        report["files"]["ours int8"]["file_bytes"] / report["param_bytes"]
+    )
+    for shape, timing in report["latency_ms"].items():
+        ours_ms = timing["ort ours"]["median_ms"]
+        out[f"{shape} ours / matmul bound"] = ours_ms / timing["matmul bound"]["median_ms"]
+        out[f"{shape} XLA / ours (speed-up)"] = timing["tf.function XLA"]["median_ms"] / ours_ms
+        out[f"{shape} plain / ours (speed-up)"] = timing["ort plain"]["median_ms"] / ours_ms
+        out[f"{shape} ours / int8 (speed-up)"] = ours_ms / timing["ort ours int8"]["median_ms"]
+    return out
+
+
+def print_table(report):
+    print(f"\nparameters: {report['param_bytes'] / 1e6:.1f} MB float32")
+    print(f"{'file':<11} {'MB':>8} {'x params':>9} {'export s':>9} {'peak MB':>8} {'load s':>7}")
+    for kind, row in report["files"].items():
+        peak = "" if row["peak_rss_mb"] is None else f"{row['peak_rss_mb']:8.0f}"
+        print(
+            f"{kind:<11} {row['file_bytes'] / 1e6:8.2f} {row['size_ratio']:9.3f} "
+            f"{row['seconds']:9.1f} {peak:>8} {row['load_seconds']:7.3f}"
+        )
+    for shape, timing in report["latency_ms"].items():
+        print(f"\nlatency at {shape} (ms)    median      p90")
+        for name, row in timing.items():
+            p90 = "" if row["p90_ms"] is None else f"{row['p90_ms']:8.2f}"
+            print(f"  {name:<20} {row['median_ms']:8.2f} {p90:>8}")
+    print("\nratios")
+    for name, value in report["ratios"].items():
+        print(f"  {name:<40} {value:6.2f}")
+
+
+def plot(report, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(report["latency_ms"])
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4), squeeze=False)
+    for axis, shape in zip(axes[0], shapes, strict=True):
+        timing = report["latency_ms"][shape]
+        names = list(timing)
+        axis.barh(names, [timing[n]["median_ms"] for n in names], color="tab:blue")
+        axis.set_xlabel("median latency, ms")
+        axis.set_title(f"batch x seq = {shape}")
+        axis.invert_yaxis()
+    fig.suptitle(f"{report['command']} ({report['date']}, {report['machine']['cores']} cores)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

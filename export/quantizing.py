@@ -1,0 +1,127 @@
+"""Dynamic int8 quantization that keeps a tied matrix stored once.
+
+ONNX Runtime's `quantize_dynamic` quantizes weights that are initializers. Our
+lean float file feeds the tied output projection through a `Transpose` node of
+the embedding matrix, which `quantize_dynamic` cannot see through, and it skips
+`Gemm` (the attention projections) altogether. So the transpose is first made
+an initializer again and every Gemm a MatMul; every MatMul and Gather weight is
+then quantized, the tied table takes its projection's int8 values (see
+`share_tied_int8`), and the slim stage's deduplication stores it once.
+"""
+
+import tempfile
+from pathlib import Path
+
+import onnx
+from onnx import helper, numpy_helper
+
+from export.slimming import deduplicate_initializers
+
+QUANTIZED_OPS = ["MatMul", "Gather"]
+
+
+def materialize_transposes(proto) -> dict:
+    """Turn `Transpose(initializer)` nodes back into initializers.
+
+    Returns {transposed name: original name}.
+    """
+    graph = proto.graph
+    initializers = {init.name: init for init in graph.initializer}
+    kept, made = [], {}
+    for node in graph.node:
+        if node.op_type == "Transpose" and node.input[0] in initializers:
+            array = numpy_helper.to_array(initializers[node.input[0]])
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            graph.initializer.append(
+                numpy_helper.from_array(array.transpose(perm).copy(), node.output[0])
+            )
+            made[node.output[0]] = node.input[0]
+        else:
+            kept.append(node)
+    del graph.node[:]
+    graph.node.extend(kept)
+    return made
+
+
+def gemms_to_matmuls(proto) -> int:
+    """`Gemm(A, B, C, transB=1)` with constant B -> `MatMul(A, B^T) + C`.
+
+    ONNX Runtime's dynamic quantization handles MatMul but not Gemm, and the
+    attention projections reach the graph as Gemm.
+    """
+    graph = proto.graph
+    initializers = {init.name: init for init in graph.initializer}
+    nodes, changed = [], 0
+    for node in graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        has_bias = len(node.input) == 3 and node.input[2]
+        plain = attrs.get("alpha", 1.0) == 1.0 and (not has_bias or attrs.get("beta", 1.0) == 1.0)
+        if node.op_type != "Gemm" or node.input[1] not in initializers or not plain:
+            nodes.append(node)
+            continue
+        weight = numpy_helper.to_array(initializers[node.input[1]])
+        if attrs.get("transB", 0):
+            weight = weight.T
+        if attrs.get("transA", 0):
+            nodes.append(node)
+            continue
+        name = f"{node.input[1]}_kn"
+        graph.initializer.append(numpy_helper.from_array(weight.copy(), name))
+        product = f"{node.output[0]}_mm" if has_bias else node.output[0]
+        nodes.append(helper.make_node("MatMul", [node.input[0], name], [product]))
+        if has_bias:
+            nodes.append(helper.make_node("Add", [product, node.input[2]], list(node.output)))
+        changed += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return changed
+
+
+def share_tied_int8(proto, transposed: dict) -> int:
+    """Quantize a tied embedding's lookup with its projection's int8 values.
+
+    `quantize_dynamic` quantizes a Gather table as asymmetric uint8 and a MatMul
+    weight as symmetric int8, so `E` and `E^T` come out different. Symmetric
+    per-tensor int8 of `E^T` transposed *is* symmetric per-tensor int8 of `E`,
+    so the table is replaced by it (with its scale and zero point), and
+    deduplication can then store the matrix once.
+    """
+    initializers = {init.name: init for init in proto.graph.initializer}
+    shared = 0
+    for projected, table in transposed.items():
+        names = [f"{projected}_quantized", f"{projected}_scale", f"{projected}_zero_point"]
+        targets = [f"{table}_quantized", f"{table}_scale", f"{table}_zero_point"]
+        if not all(name in initializers for name in names + targets):
+            continue
+        values = numpy_helper.to_array(initializers[names[0]]).T.copy()
+        replacements = [values] + [numpy_helper.to_array(initializers[n]) for n in names[1:]]
+        for target, array in zip(targets, replacements, strict=True):
+            initializers[target].CopyFrom(numpy_helper.from_array(array, target))
+        shared += 1
+    return shared
+
+
+def quantize_int8(source, target) -> dict:
+    """Write an int8 dynamically quantized copy of `source` to `target`."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    proto = onnx.load(str(source))
+    transposed = materialize_transposes(proto)
+    gemms_to_matmuls(proto)
+    with tempfile.TemporaryDirectory() as workdir:
+        staged = Path(workdir) / "float.onnx"
+        quantized = Path(workdir) / "int8.onnx"
+        onnx.save(proto, str(staged))
+        quantize_dynamic(
+            staged,
+            quantized,
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=QUANTIZED_OPS,
+            per_channel=False,
+            extra_options={"WeightSymmetric": True},
+        )
+        result = onnx.load(str(quantized))
+    share_tied_int8(result, transposed)
+    changes = deduplicate_initializers(result)
+    onnx.save(result, str(target))
+    return {"stored_once": changes}
