@@ -29,6 +29,17 @@ def default_report_path(output: Path) -> Path:
     return output.with_name(f"{output.stem}.report.json")
 
 
+def _remove_stale_workdirs(output: Path) -> None:
+    """Remove work folders of earlier exports to `output` that were killed.
+
+    Only folders named like ours (`.NAME.xxxx.tmp`) and idle for an hour, so a
+    concurrent export to the same path keeps its own.
+    """
+    for stale in output.parent.glob(f".{output.name}.*.tmp"):
+        if stale.is_dir() and time.time() - stale.stat().st_mtime > 3600:
+            shutil.rmtree(stale, ignore_errors=True)
+
+
 def check_output_location(output: Path) -> None:
     """Fail before any work if the output cannot be written."""
     if output.exists() and output.is_dir():
@@ -174,12 +185,23 @@ def export_model(
         converted = converting.convert(traced, opset=opset)
     with _stage("slim", stages, progress):
         slimmed = slimming.slim(
-            converted.proto, loaded.inputs, loaded.outputs, run_onnxslim=not external
+            converted.proto,
+            loaded.inputs,
+            loaded.outputs,
+            run_onnxslim=not external,
+            model_name=loaded.model.name,
         )
 
-    workdir = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
+    _remove_stale_workdirs(output)
+    workdir = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp"))
     try:
-        written = _save(slimmed.proto, workdir / output.name, external)
+        try:
+            written = _save(slimmed.proto, workdir / output.name, external)
+        except OSError as error:
+            raise OutputError(
+                f"-o {output}: cannot write the ONNX file ({error.strerror or error}); "
+                "nothing at the output path was changed"
+            ) from error
         file_bytes = sum(file.stat().st_size for file in written)
         with _stage("validate", stages, progress):
             validation = validating.validate(loaded, written[0], shapes, atol, rtol)

@@ -87,6 +87,9 @@ def write_json_atomically(data: dict, path: Path) -> None:
     """Write next to `path` first, then rename: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes it private; a report is not
     try:
         with os.fdopen(handle, "w") as file:
             json.dump(data, file, indent=2, default=float)

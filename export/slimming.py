@@ -22,7 +22,7 @@ from export import fusions
 from export.loading import TensorInfo
 
 # Tensors smaller than this are not worth hashing.
-_MIN_DEDUPE_ELEMENTS = 1024
+_MIN_DEDUPE_ELEMENTS = 64
 
 
 @dataclass
@@ -97,29 +97,46 @@ def deduplicate_initializers(proto) -> list:
     return changes
 
 
-def compact_names(proto) -> None:
-    """Short names for nodes and intermediate tensors; drop stored shape hints.
+def compact_names(proto, name: str = "model") -> None:
+    """Short, deterministic names for everything but the graph inputs and outputs.
 
-    tf2onnx names every node and tensor after its full TensorFlow scope
-    (`model_1/encoder_0_1/feedforward_intermediate_dense_1/Tensordot/concat_1`),
-    and shape inference stores a `value_info` per tensor. On a small model they
-    weigh as much as half the weights; ONNX Runtime needs neither. Graph inputs,
-    outputs and initializers keep their names.
+    tf2onnx names nodes, tensors and constants after their full TensorFlow scope
+    and its own counters and Python object ids
+    (`einsum139870154093264_ba_left_set__935`), and shape inference stores a
+    `value_info` per tensor. On a small model they weigh as much as half the
+    weights, ONNX Runtime needs none of them, and the ids make two exports of the
+    same model differ. So nodes become `n{i}`, intermediate tensors `t{i}` and
+    initializers `w{i}`, numbered in graph order: the same model gives the same
+    bytes.
     """
     graph = proto.graph
+    graph.name = name
+    graph.doc_string = ""
+    proto.doc_string = ""
     keep = {v.name for v in [*graph.input, *graph.output]}
-    keep |= {init.name for init in graph.initializer}
+    initializers = {init.name for init in graph.initializer}
     renames = {}
     for index, node in enumerate(graph.node):
-        node.name = f"{node.op_type}_{index}"
-        for position, name in enumerate(node.output):
-            if name and name not in keep:
-                renames[name] = renames.get(name) or f"t{len(renames)}"
-                node.output[position] = renames[name]
+        node.name = f"n{index}"
+        for value in node.input:
+            if value in initializers and value not in renames:
+                renames[value] = f"w{len(renames)}"
+        for value in node.output:
+            if value and value not in keep:
+                renames[value] = renames.get(value) or f"t{len(renames)}"
     for node in graph.node:
-        for position, name in enumerate(node.input):
-            if name in renames:
-                node.input[position] = renames[name]
+        for values in (node.input, node.output):
+            for position, value in enumerate(values):
+                if value in renames:
+                    values[position] = renames[value]
+    for init in graph.initializer:
+        init.name = renames.get(init.name, init.name)
+    ordered = sorted(graph.initializer, key=lambda init: (len(init.name), init.name))
+    copies = [type(init)() for init in ordered]
+    for copy, init in zip(copies, ordered, strict=True):
+        copy.CopyFrom(init)
+    del graph.initializer[:]
+    graph.initializer.extend(copies)
     del graph.value_info[:]
 
 
@@ -153,7 +170,9 @@ def remove_dead_nodes(proto) -> None:
     graph.initializer.extend(live)
 
 
-def slim(proto, inputs: list, outputs: list, run_onnxslim: bool = True) -> SlimmedModel:
+def slim(
+    proto, inputs: list, outputs: list, run_onnxslim: bool = True, model_name: str = "model"
+) -> SlimmedModel:
     """Slim the graph. `run_onnxslim=False` for protos past 2 GB, which onnxslim
     and ONNX shape inference cannot serialise; the other passes still run."""
     start = time.perf_counter()
@@ -167,7 +186,7 @@ def slim(proto, inputs: list, outputs: list, run_onnxslim: bool = True) -> Slimm
     fused["MatMul"] = fusions.fuse_tensordot_matmuls(proto)
     remove_dead_nodes(proto)
     changes = deduplicate_initializers(proto)
-    compact_names(proto)
+    compact_names(proto, name=model_name)
     name_dynamic_axes(proto, inputs, outputs)
     return SlimmedModel(
         proto=proto,

@@ -15,3 +15,23 @@ def policy():
 
     yield set_policy
     keras.mixed_precision.set_global_policy("float32")
+
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# Property tests: a fast profile for the default suite, a thorough one on demand
+# (HYPOTHESIS_PROFILE=thorough python -m pytest tests/test_properties.py).
+settings.register_profile(
+    "fast",
+    max_examples=15,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "thorough",
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
