@@ -70,13 +70,15 @@ class ScaledEmbedding(keras.layers.Embedding):
     Example:
 
     >>> import numpy as np
+    >>> from keras import ops
     >>> layer = ScaledEmbedding(input_dim=100, output_dim=16, mask_zero=True)
-    >>> out = layer(np.array([[5, 7, 0]]))
-    >>> tuple(out.shape)
+    >>> out = ops.convert_to_numpy(layer(np.array([[5, 7, 0]])))
+    >>> out.shape
     (1, 3, 16)
     >>> float(layer.factor)
     4.0
-    >>> np.allclose(out, 4.0 * np.take(layer.embeddings, [[5, 7, 0]], axis=0))
+    >>> table = ops.convert_to_numpy(layer.embeddings.value)
+    >>> np.allclose(out, 4.0 * np.take(table, [[5, 7, 0]], axis=0))
     True
 
     References:

@@ -218,17 +218,25 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         turns = ops.expand_dims(ops.cast(positions, "float64"), -1) * t["cycles64"]
         return _centered_fraction(turns) + t["phase64"]
 
+    def _float64(self) -> bool:
+        """Whether this backend really computes in float64 for this layer (JAX
+        without `JAX_ENABLE_X64` silently uses float32)."""
+        if self.compute_dtype != "float64":
+            return False
+        probe = ops.convert_to_tensor(np.zeros((), "float64"))
+        return keras.backend.standardize_dtype(probe.dtype) == "float64"
+
     def call(self, inputs, start_index=0, positions=None):
         if positions is None:
             length = ops.shape(inputs)[-2]
             positions = ops.arange(length, dtype="int32") + ops.cast(start_index, "int32")
-        if self.compute_dtype == "float64":
+        if self._float64():
             cycles = self._cycles_float64(positions)
             return inputs + ops.sin(cycles * _TWO_PI)
         encoding = ops.sin(self._cycles(positions) * _TWO_PI)
         # Form the sum in float32 and round it once to the compute dtype.
         total = ops.cast(inputs, "float32") + encoding
-        return ops.cast(total, self.compute_dtype)
+        return ops.cast(total, inputs.dtype)
 
     def compute_mask(self, inputs, mask=None):
         return mask

@@ -61,7 +61,7 @@ class TiedOutputDense(keras.layers.Layer):
     >>> embedding = keras.layers.Embedding(10, 4)
     >>> head = TiedOutputDense(embedding)
     >>> hidden = np.ones((2, 3, 4), "float32")
-    >>> tuple(head(hidden).shape)
+    >>> tuple(keras.ops.shape(head(hidden)))
     (2, 3, 10)
     >>> bool(head.embedding.embeddings is embedding.embeddings)
     True

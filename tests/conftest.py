@@ -35,3 +35,16 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under another Keras backend, deselect what needs TensorFlow (it runs in
+    the TensorFlow run of the suite); never skip silently."""
+    if keras.backend.backend() == "tensorflow":
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if item.get_closest_marker("tensorflow_only") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

@@ -2,7 +2,11 @@
 
 import json
 
+import pytest
+
 from benchmarks import layers
+
+pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 
 
 def test_layers_benchmark_quick_mode_writes_every_row():

@@ -9,6 +9,8 @@ import inspect
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
+
 
 def test_tf2onnx_building_blocks_exist():
     from tf2onnx import convert, optimizer, tf_loader, tf_utils, tfonnx

@@ -15,6 +15,8 @@ from pathlib import Path
 import keras
 import pytest
 
+pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 NO_TEST = "<!-- no-test -->"

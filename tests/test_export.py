@@ -16,6 +16,8 @@ from models import dict_model, sample_ids, save, sequential_model, tied_encoder
 from export import ValidationFailed, export_model
 from export.cli import main
 
+pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
+
 ROOT = Path(__file__).resolve().parent.parent
 QUICK_SHAPES = [(1, 1), (2, 7), (8, 64), "padded"]
 

@@ -13,6 +13,8 @@ from models import lambda_model, save, sequential_model
 
 from export.cli import main
 
+pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

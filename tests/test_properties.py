@@ -5,7 +5,9 @@ import math
 
 import keras
 import numpy as np
+import pytest
 import references as ref
+from arrays import as_numpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from keras import ops
@@ -46,7 +48,7 @@ def numpy_encoding(length, depth, layout, spacing, wavelength, start):
 def test_encoding_matches_reference(batch, length, depth, layout, spacing, wavelength, start):
     layer = SinusoidalPositionEncoding(max_wavelength=wavelength, layout=layout, spacing=spacing)
     inputs = np.random.default_rng(0).normal(size=(batch, length, depth)).astype("float32")
-    out = np.asarray(layer(inputs, start_index=start), np.float64)
+    out = as_numpy(layer(inputs, start_index=start), np.float64)
     expected = inputs + numpy_encoding(length, depth, layout, spacing, wavelength, start)
     np.testing.assert_allclose(out, expected, atol=1.5e-6)
 
@@ -64,7 +66,7 @@ def test_mixed_precision_error_is_one_rounding(length, depth, policy, start):
         out = layer(np.zeros((1, length, depth), "float32"), start_index=start)
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    got = np.asarray(ops.cast(out, "float32"), np.float64)[0]
+    got = as_numpy(ops.cast(out, "float32"), np.float64)[0]
     exact = ref.paper_encoding(length, depth, start=start)
     mantissa = {"mixed_float16": 10, "mixed_bfloat16": 7}[policy]
     # Half an ulp of the output format, for values of magnitude up to 1.
@@ -81,9 +83,9 @@ def test_mixed_precision_error_is_one_rounding(length, depth, policy, start):
 def test_scaled_embedding_is_lookup_times_factor(vocabulary, width, batch, length, scale):
     layer = ScaledEmbedding(vocabulary, width, scale=scale)
     ids = np.random.default_rng(1).integers(0, vocabulary, size=(batch, length))
-    out = np.asarray(layer(ids), np.float64)
+    out = as_numpy(layer(ids), np.float64)
     factor = {"sqrt": math.sqrt(width), None: 1.0}.get(scale, scale)
-    expected = factor * np.take(np.asarray(layer.embeddings, np.float64), ids, axis=0)
+    expected = factor * np.take(as_numpy(layer.embeddings, np.float64), ids, axis=0)
     np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
 
 
@@ -108,12 +110,13 @@ def test_tied_logits_match_reference(
         bias_initializer="normal",
     )
     hidden = np.random.default_rng(2).normal(size=(batch, length, width)).astype("float32")
-    out = np.asarray(head(hidden), np.float64)
-    bias = np.asarray(head.bias) if use_bias else None
+    out = as_numpy(head(hidden), np.float64)
+    bias = as_numpy(head.bias) if use_bias else None
     expected = ref.tied_logits(hidden, embedding.embeddings, bias, logit_scale, soft_cap)
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.tensorflow_only
 @settings(max_examples=3)
 @given(
     vocabulary=st.integers(min_value=20, max_value=400),

@@ -20,6 +20,8 @@ from models import VOCAB, save, tied_encoder
 from export import export_model
 from export.cli import main
 
+pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -3,6 +3,7 @@ import math
 import keras
 import numpy as np
 import pytest
+from arrays import as_numpy
 
 from keras_layers import ScaledEmbedding
 
@@ -20,15 +21,15 @@ def test_correctness_on_a_hand_checked_case():
     layer.build()
     layer.embeddings.assign(np.array([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]))
     out = layer(np.array([[2, 0]]))
-    np.testing.assert_array_equal(out, [[[8.0, 10.0], [0.0, 2.0]]])
+    np.testing.assert_array_equal(as_numpy(out), [[[8.0, 10.0], [0.0, 2.0]]])
 
 
 @pytest.mark.parametrize(("scale", "factor"), [("sqrt", 8.0), (3.5, 3.5), (None, 1.0), (2, 2.0)])
 def test_output_is_lookup_times_factor(scale, factor):
     layer = ScaledEmbedding(20, 64, scale=scale)
     ids = np.array([[1, 5, 19], [0, 2, 2]])
-    out = np.asarray(layer(ids))
-    expected = factor * np.take(np.asarray(layer.embeddings), ids, axis=0)
+    out = as_numpy(layer(ids))
+    expected = factor * np.take(as_numpy(layer.embeddings), ids, axis=0)
     np.testing.assert_allclose(out, expected, rtol=1e-6)
     assert layer.scale == scale
     assert layer.factor == factor
@@ -38,7 +39,7 @@ def test_default_initializer_gives_unit_variance_scaled_components():
     # 4,000 x 256 = 1,024,000 samples: the sample variance of N(0, 1) has a
     # standard error of sqrt(2 / n) = 0.0014, so 0.01 is a 7-sigma bound.
     layer = ScaledEmbedding(4000, 256)
-    out = np.asarray(layer(np.arange(4000)[None]), np.float64)
+    out = as_numpy(layer(np.arange(4000)[None]), np.float64)
     assert abs(out.mean()) < 0.01
     assert abs(out.var() - 1.0) < 0.01
     # Gaussian, not uniform: excess kurtosis 0 (uniform gives -1.2).
@@ -46,19 +47,19 @@ def test_default_initializer_gives_unit_variance_scaled_components():
     assert abs(kurtosis) < 0.05
     # Keras' own default, multiplied by the same factor, is far from unit scale.
     plain = keras.layers.Embedding(4000, 256)
-    plain_out = 16.0 * np.asarray(plain(np.arange(4000)[None]))
+    plain_out = 16.0 * as_numpy(plain(np.arange(4000)[None]))
     assert plain_out.var() < 0.25
 
 
 def test_matched_initializer_follows_a_custom_scale():
     layer = ScaledEmbedding(2000, 128, scale=4.0)
-    out = np.asarray(layer(np.arange(2000)[None]), np.float64)
+    out = as_numpy(layer(np.arange(2000)[None]), np.float64)
     assert abs(out.var() - 1.0) < 0.02
 
 
 def test_explicit_initializer_is_respected():
     layer = ScaledEmbedding(10, 4, embeddings_initializer="ones")
-    np.testing.assert_array_equal(layer(np.array([3])), np.full((1, 4), 2.0))
+    np.testing.assert_array_equal(as_numpy(layer(np.array([3]))), np.full((1, 4), 2.0))
 
 
 def test_no_scale_keeps_keras_default_initializer():
@@ -74,7 +75,7 @@ def test_mask_is_computed_and_reaches_the_next_layer():
     layer = model.layers[1]
     layer.embeddings.assign(np.arange(40, dtype="float32").reshape(10, 4))
     # Mean over the two unmasked tokens only (padding id 0 excluded).
-    out = np.asarray(model(np.array([[1, 2, 0, 0]])))
+    out = as_numpy(model(np.array([[1, 2, 0, 0]])))
     expected = 2.0 * (np.arange(4, 8) + np.arange(8, 12)) / 2
     np.testing.assert_allclose(out[0], expected, rtol=1e-6)
     mask = layer.compute_mask(np.array([[1, 0]]))
@@ -93,9 +94,9 @@ def test_hand_written_multiply_drops_the_mask_but_the_layer_keeps_it():
 def test_int8_quantization_keeps_the_scale():
     layer = ScaledEmbedding(64, 32)
     ids = np.array([[3, 9, 60]])
-    before = np.asarray(layer(ids))
+    before = as_numpy(layer(ids))
     layer.quantize("int8")
-    after = np.asarray(layer(ids))
+    after = as_numpy(layer(ids))
     # int8 per-row quantization: relative error well under 1%, same scale.
     assert np.abs(after - before).max() < 0.01 * np.abs(before).max()
 
@@ -156,3 +157,16 @@ def test_bad_arguments_fail_at_construction(kwargs, message):
 
 def test_factor_for_sqrt_is_exact():
     assert ScaledEmbedding(5, 512).factor == math.sqrt(512)
+
+
+def test_out_of_range_ids_per_backend():
+    """TensorFlow and torch raise; JAX cannot raise inside a compiled gather and
+    Keras fills the row with NaN, which then poisons everything it touches."""
+    layer = ScaledEmbedding(5, 2, scale=None, embeddings_initializer="ones")
+    ids = np.array([[1, 7]])
+    if keras.backend.backend() == "jax":
+        out = as_numpy(layer(ids))
+        assert np.isnan(out[0, 1]).all() and not np.isnan(out[0, 0]).any()
+    else:
+        with pytest.raises(Exception, match=r"(?i)index|indices|range|bound"):
+            as_numpy(layer(ids))

@@ -2,6 +2,7 @@ import keras
 import numpy as np
 import pytest
 import references as ref
+from arrays import as_numpy
 
 from keras_layers import ScaledEmbedding, TiedOutputDense, clone_model_keeping_ties
 
@@ -21,7 +22,7 @@ def test_correctness_on_a_hand_checked_case():
     embedding.build()
     embedding.embeddings.assign(np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
     head = TiedOutputDense(embedding)
-    np.testing.assert_array_equal(head(np.array([[2.0, 3.0]])), [[2.0, 3.0, 5.0]])
+    np.testing.assert_array_equal(as_numpy(head(np.array([[2.0, 3.0]]))), [[2.0, 3.0, 5.0]])
 
 
 @pytest.mark.parametrize(
@@ -38,8 +39,8 @@ def test_logits_match_the_numpy_reference(kwargs):
     embedding = keras.layers.Embedding(VOCAB, WIDTH, embeddings_initializer="normal")
     head = TiedOutputDense(embedding, **kwargs)
     hidden = np.random.default_rng(0).normal(size=(2, 5, WIDTH)).astype("float32")
-    out = np.asarray(head(hidden))
-    bias = np.asarray(head.bias) if head.use_bias else None
+    out = as_numpy(head(hidden))
+    bias = as_numpy(head.bias) if head.use_bias else None
     expected = ref.tied_logits(
         hidden,
         embedding.embeddings,
@@ -60,10 +61,10 @@ def test_shares_the_variable_never_a_copy():
     assert paths.count("emb/embeddings") == 1
     assert len(paths) == len(set(paths)) == 3  # embeddings, mix kernel, mix bias
     ids = np.array([[1, 2, 3]])
-    before = np.asarray(model(ids))
+    before = as_numpy(model(ids))
     emb.embeddings.assign(emb.embeddings * 2.0)
     # Doubling E doubles the input side and the output side: logits change.
-    assert not np.allclose(model(ids), before)
+    assert not np.allclose(as_numpy(model(ids)), before)
 
 
 @pytest.mark.parametrize("kind", ["embedding", "scaled", "reversible", "keras_hub"])
@@ -85,7 +86,7 @@ def test_any_layer_with_an_embeddings_matrix(kind):
     model = keras.Model(ids, head(owner(ids)))
     variables = [id(w) for w in model.weights]
     assert variables.count(id(embedding.embeddings)) == 1
-    logits = np.asarray(model(np.array([[1, 2, 3]])))
+    logits = as_numpy(model(np.array([[1, 2, 3]])))
     assert logits.shape == (1, 3, VOCAB)
 
 
@@ -147,9 +148,11 @@ def test_tie_survives_save_and_load(tmp_path):
     assert head.embedding is emb
     assert [w.path for w in loaded.weights].count("emb/embeddings") == 1
     ids = np.array([[3, 4, 5, 0]])
-    np.testing.assert_allclose(loaded(ids), model(ids), rtol=1e-6)
+    np.testing.assert_allclose(as_numpy(loaded(ids)), as_numpy(model(ids)), rtol=1e-6)
     emb.embeddings.assign(np.zeros((VOCAB, WIDTH)))
-    np.testing.assert_allclose(loaded(ids), np.broadcast_to(head.bias, (1, 4, VOCAB)))
+    np.testing.assert_allclose(
+        as_numpy(loaded(ids)), np.broadcast_to(as_numpy(head.bias), (1, 4, VOCAB))
+    )
 
 
 def test_weights_h5_round_trip(tmp_path):
@@ -159,7 +162,7 @@ def test_weights_h5_round_trip(tmp_path):
     fresh = tied_model(use_bias=True)
     fresh.load_weights(path)
     ids = np.array([[1, 2, 3]])
-    np.testing.assert_allclose(fresh(ids), model(ids), rtol=1e-6)
+    np.testing.assert_allclose(as_numpy(fresh(ids)), as_numpy(model(ids)), rtol=1e-6)
     assert fresh.get_layer("head").embedding is fresh.get_layer("emb")
 
 
