@@ -8,8 +8,8 @@ time, and latency (median and p90, milliseconds) at (batch 1, seq 128) and
 (batch 8, seq 128) for Keras eager, `tf.function`, `tf.function(jit_compile=True)`
 (XLA), ONNX Runtime on the plain tf2onnx file, on ours, on ours quantized to int8,
 and the matmul-only bound (the model's matmul shapes, each timed alone in ONNX
-Runtime, summed). All ONNX Runtime sessions use 2 intra-op threads and every
-graph optimisation. Writes benchmarks/results/export_bench.json and
+Runtime, summed). All ONNX Runtime sessions use 2 intra-op threads, every
+graph optimisation, and no spin-waiting (see `session`). Writes benchmarks/results/export_bench.json and
 export_bench.png. `--quick` uses a tiny encoder and few rounds: a smoke test for
 CI, no timing is asserted.
 """
@@ -80,6 +80,10 @@ def session(path):
     options.intra_op_num_threads = THREADS
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Sessions are timed in turn in one process: a session's idle threads
+    # spin-wait for work by default, stealing the 2 cores from the next one
+    # (measured: it doubled some medians). Deployments run one session.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
