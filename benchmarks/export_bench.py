@@ -9,9 +9,9 @@ time, and latency (median and p90, milliseconds) at (batch 1, seq 128) and
 (XLA), ONNX Runtime on the plain tf2onnx file, on ours, on ours quantized to int8,
 and the matmul-only bound (the model's matmul shapes, each timed alone in ONNX
 Runtime, summed). All ONNX Runtime sessions use 2 intra-op threads, every
-graph optimisation, and no spin-waiting (see `session`). Writes benchmarks/results/export_bench.json and
-export_bench.png. `--quick` uses a tiny encoder and few rounds: a smoke test for
-CI, no timing is asserted.
+graph optimisation, and no spin-waiting (see `session`). Writes
+benchmarks/results/export_bench.json and export_bench.png. `--quick` uses a tiny
+encoder and few rounds: a smoke test for CI, no timing is asserted.
 """
 
 import argparse

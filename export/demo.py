@@ -83,6 +83,27 @@ def build_model(config: DemoConfig):
     return keras.Model(token_ids, logits, name="demo_encoder")
 
 
+def compile_for_training(model, config: DemoConfig, steps: int, loss=None) -> None:
+    """Adam with the demo's schedule, compiled with XLA.
+
+    Warm up for a tenth of `steps`, then cosine decay to zero: a fixed budget of
+    steps ends at a minimum. `loss` defaults to sparse cross-entropy on logits.
+    """
+    import keras
+
+    schedule = keras.optimizers.schedules.CosineDecay(
+        0.0,
+        decay_steps=steps - steps // 10,
+        warmup_target=config.learning_rate,
+        warmup_steps=steps // 10,
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(schedule),
+        loss=loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=True,
+    )
+
+
 def masked_accuracy(model, ids, labels, weights) -> float:
     predictions = np.asarray(model.predict(ids, batch_size=256, verbose=0)).argmax(-1)
     hits = (predictions == labels) & (weights > 0)
@@ -99,18 +120,7 @@ def train(path: Path, config: DemoConfig | None = None, verbose: bool = True) ->
     held = make_task(config, config.held_out_sequences, config.seed + 1)
     model = build_model(config)
     steps = config.epochs * -(-config.train_sequences // config.batch_size)
-    # Warm up, then decay to zero: a fixed budget of steps ends at a minimum.
-    schedule = keras.optimizers.schedules.CosineDecay(
-        0.0,
-        decay_steps=steps - steps // 10,
-        warmup_target=config.learning_rate,
-        warmup_steps=steps // 10,
-    )
-    model.compile(
-        optimizer=keras.optimizers.Adam(schedule),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=True,
-    )
+    compile_for_training(model, config, steps)
     start = time.perf_counter()
     model.fit(
         ids,

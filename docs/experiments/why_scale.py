@@ -61,6 +61,7 @@ from export.demo import (  # noqa: E402
     make_task,
     masked_accuracy,
 )
+from export.demo import compile_for_training as compile_demo  # noqa: E402
 from keras_layers import (  # noqa: E402
     ScaledEmbedding,
     SinusoidalPositionEncoding,
@@ -295,20 +296,15 @@ def build_variant(config, scaled: bool, tied: bool, init_std: str):
 
 
 def compile_for_training(model, config) -> None:
-    # The demo's schedule: warm up for a tenth of the steps, then cosine to zero.
-    schedule = keras.optimizers.schedules.CosineDecay(
-        0.0,
-        decay_steps=TRAIN_STEPS - TRAIN_STEPS // 10,
-        warmup_target=config.learning_rate,
-        warmup_steps=TRAIN_STEPS // 10,
-    )
-    model.compile(
-        optimizer=keras.optimizers.Adam(schedule),
-        # Mean over the masked tokens only, so the curve is a per-token loss.
+    # The demo's schedule and optimizer; the loss is the mean over the masked
+    # tokens only, so the curve is a per-token loss.
+    compile_demo(
+        model,
+        config,
+        TRAIN_STEPS,
         loss=keras.losses.SparseCategoricalCrossentropy(
             from_logits=True, reduction="mean_with_sample_weight"
         ),
-        jit_compile=True,
     )
 
 
