@@ -242,6 +242,11 @@ def _symbolic_io(model):
             "called?). Call it on a batch of data once, then save it again."
         )
     embeds = any(hasattr(layer, "input_dim") for layer in model._flatten_layers())
+    # The build shape is whatever batch the model first saw, e.g. (1, 3): the
+    # batch axis is always dynamic, and so is the sequence axis of token ids.
+    shape = [None, *shape[1:]]
+    if embeds and len(shape) == 2:
+        shape[1] = None
     symbolic = keras.Input(
         batch_shape=tuple(shape), dtype="int32" if embeds else "float32", name="inputs"
     )

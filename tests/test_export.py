@@ -15,6 +15,7 @@ from models import dict_model, sample_ids, save, sequential_model, tied_encoder
 
 from export import ValidationFailed, export_model
 from export.cli import main
+from keras_layers import ScaledEmbedding, SinusoidalPositionEncoding, TiedOutputDense
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 
@@ -326,3 +327,31 @@ def test_fusions_leave_unmatched_graphs_alone():
     # The same graph over the last axis is a LayerNorm.
     proto.graph.initializer[0].CopyFrom(helper.make_tensor("axes", TensorProto.INT64, [1], [1]))
     assert fusions.fuse_layer_norms(proto, fusions.tensor_ranks(proto)) == 1
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class SubclassedEncoder(keras.Model):
+    """A subclassed model: its inputs are known only from the shape it was built with."""
+
+    def __init__(self, vocabulary=50, width=8, **kwargs):
+        super().__init__(**kwargs)
+        self.vocabulary, self.width = vocabulary, width
+        self.embedding = ScaledEmbedding(vocabulary, width, name="embedding")
+        self.position = SinusoidalPositionEncoding()
+        self.head = TiedOutputDense(self.embedding)
+
+    def call(self, token_ids):
+        return self.head(self.position(self.embedding(token_ids)))
+
+    def get_config(self):
+        return {**super().get_config(), "vocabulary": self.vocabulary, "width": self.width}
+
+
+def test_subclassed_model(tmp_path):
+    model = SubclassedEncoder()
+    model(np.zeros((1, 3), "int32"))
+    model.save(tmp_path / "sub.keras")
+    report = export_model(tmp_path / "sub.keras", tmp_path / "sub.onnx", shapes=[(2, 5)])
+    assert report["passed"]
+    assert report["inputs"][0]["dtype"] == "int32"
+    assert report["inputs"][0]["shape"] == ["batch", "sequence"]
