@@ -195,9 +195,7 @@ def _flat_named(structure, names_fallback):
     """(name, tensor) pairs of a single, list or dict structure of tensors."""
     if isinstance(structure, dict):
         return list(structure.items())
-    if isinstance(structure, list | tuple):
-        return list(zip(names_fallback, structure, strict=True))
-    return [(names_fallback[0], structure)]
+    return list(zip(names_fallback, flatten(structure), strict=True))
 
 
 def _readers(model, tensor):
