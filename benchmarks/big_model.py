@@ -73,6 +73,8 @@ def main(argv=None):
         "passed": report.get("passed"),
         "external_data": report.get("external_data"),
         "worst": report.get("worst"),
+        "stage_seconds": report.get("stage_seconds"),
+        "shared_weights": report.get("graph", {}).get("shared_weights"),
         "stderr_tail": result.stderr[-500:],
     }
     print(json.dumps(summary, indent=2))

@@ -17,7 +17,6 @@ encoder and few rounds: a smoke test for CI, no timing is asserted.
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -28,7 +27,6 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-RESULTS = Path(__file__).resolve().parent / "results"
 THREADS = 2
 
 
@@ -168,6 +166,7 @@ def main(argv=None):
     import tensorflow as tf
 
     from benchmarks import reference_encoder
+    from benchmarks.results_io import header, save
     from benchmarks.timing import time_side_by_side
 
     if args.quick:
@@ -177,7 +176,6 @@ def main(argv=None):
         config = (30522, 256, 4, 1024, 4)
         shapes, rounds = [(1, 128), (8, 128)], 15
     vocabulary, width, layers, intermediate, heads = config
-    RESULTS.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="export_bench_"))
     model = reference_encoder.build(
         vocabulary, width, layers, intermediate=intermediate, heads=heads
@@ -227,23 +225,13 @@ def main(argv=None):
         for kind, path in files.items()
     }
     report = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-        "command": "python benchmarks/export_bench.py" + (" --quick" if args.quick else ""),
-        "config": dict(
-            zip(["vocabulary", "width", "layers", "intermediate", "heads"], config, strict=True)
-        ),
+        **header("export_bench.py", args.quick, config),
         "param_bytes": param_bytes,
         "files": files_table,
         "latency_ms": latency,
     }
     report["ratios"] = ratios(report)
-    print_table(report)
-    name = "export_bench.quick" if args.quick else "export_bench"
-    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2))
-    plot(report, RESULTS / f"{name}.png")
-    print(f"wrote {RESULTS / name}.json and .png")
-    return report
+    return save(report, "export_bench", args.quick, print_table, plot)
 
 
 def ratios(report):
@@ -288,6 +276,8 @@ def plot(report, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from benchmarks.results_io import finish_figure
+
     shapes = list(report["latency_ms"])
     fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4), squeeze=False)
     for axis, shape in zip(axes[0], shapes, strict=True):
@@ -297,10 +287,7 @@ def plot(report, path):
         axis.set_xlabel("median latency, ms")
         axis.set_title(f"batch x seq = {shape}")
         axis.invert_yaxis()
-    fig.suptitle(f"{report['command']} ({report['date']}, {report['machine']['cores']} cores)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    finish_figure(fig, report, path)
 
 
 if __name__ == "__main__":

@@ -105,6 +105,42 @@ def _inline_external_tensors(proto, storage) -> None:
         init.data_location = TensorProto.DEFAULT
 
 
+def _weights_to_initializers(proto, traced: TracedModel) -> None:
+    """Replace the weight inputs of the graph by initializers holding their values.
+
+    Each variable is read into NumPy and its bytes are set on a new initializer
+    in place: `RepeatedField.append` and `numpy_helper.from_array` + `CopyFrom`
+    copy by serialising, which fails for a tensor over 2 GiB. Names are the
+    variables' Keras paths (`token_embedding/embeddings`).
+    """
+    import keras
+    from onnx import helper
+
+    graph = proto.graph
+    specs = dict(zip(traced.weight_input_names(), traced.weights, strict=True))
+    kept = [value for value in graph.input if value.name not in specs]
+    names = {}
+    for value in graph.input:
+        variable = specs.get(value.name)
+        if variable is None:
+            continue
+        name = variable.path if variable.path not in names.values() else value.name
+        names[value.name] = name
+        array = keras.ops.convert_to_numpy(variable.value)
+        tensor = graph.initializer.add()
+        tensor.name = name
+        tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+        tensor.dims.extend(array.shape)
+        tensor.raw_data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        del array
+    del graph.input[:]
+    graph.input.extend(kept)
+    for node in graph.node:
+        for position, value in enumerate(node.input):
+            if value in names:
+                node.input[position] = names[value]
+
+
 def _tf2onnx(traced: TracedModel, opset: int):
     import tensorflow as tf
     from tf2onnx import convert, optimizer, tf_loader, tf_utils, tfonnx
@@ -140,6 +176,7 @@ def _tf2onnx(traced: TracedModel, opset: int):
         graph.topological_sort(graph.get_nodes())
         proto = graph.make_model(concrete.name, external_tensor_storage=storage)
     _inline_external_tensors(proto, storage)
+    _weights_to_initializers(proto, traced)
     return proto
 
 

@@ -168,19 +168,34 @@ def fuse_tensordot_matmuls(proto) -> int:
         matmul = g.node(reshape.input[0], "MatMul")
         if matmul is None or not g.only_used_by(matmul.output[0]):
             continue
-        weight = g.const(matmul.input[1])
+        shape = _matrix_shape(g, matmul.input[1])
         flatten = g.node(matmul.input[0], "Reshape")
-        if weight is None or weight.ndim != 2 or flatten is None:
+        if shape is None or flatten is None:
             continue
         target = g.const(flatten.input[1])
-        if target is None or target.tolist() != [-1, weight.shape[0]]:
+        if target is None or target.tolist() != [-1, shape[0]]:
             continue
         x = flatten.input[0]
-        if not _is_leading_shape_plus(g, reshape.input[1], x, weight.shape[1]):
+        if not _is_leading_shape_plus(g, reshape.input[1], x, shape[1]):
             continue
         reshape.CopyFrom(helper.make_node("MatMul", [x, matmul.input[1]], list(reshape.output)))
         fused += 1
     return fused
+
+
+def _matrix_shape(g, name):
+    """Shape of a constant matrix, or of `Transpose(matrix)` (a tied weight)."""
+    weight = g.const(name)
+    if weight is not None:
+        return weight.shape if weight.ndim == 2 else None
+    transpose = g.node(name, "Transpose")
+    if transpose is None:
+        return None
+    weight = g.const(transpose.input[0])
+    perm = [a.ints for a in transpose.attribute if a.name == "perm"]
+    if weight is None or weight.ndim != 2 or (perm and list(perm[0]) != [1, 0]):
+        return None
+    return weight.shape[::-1]
 
 
 def _skip_casts(g, name):

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 
+from export import slimming
 from export.validating import Validation
 
 _PACKAGES = (
@@ -67,6 +68,10 @@ def build_report(
             "nodes_converted": slimmed.nodes_before,
             "nodes_final": slimmed.nodes_after,
             "fused": slimmed.fused,
+            "shared_weights": [
+                {"name": name, "shape": shape, "read_by": read_by}
+                for name, shape, read_by in slimming.shared_weights(slimmed.proto)
+            ],
             "weights_stored_once": [
                 {
                     "removed": removed,

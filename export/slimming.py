@@ -2,13 +2,14 @@
 
 1. onnxslim folds constants and drops dead nodes and initializers (tf2onnx keeps
    copies of weights that only feed `Shape`).
-2. Shared weights are stored once. A tied embedding reaches the graph twice: as
-   `E` for the lookup and as a folded constant `E^T` for the output projection,
-   which doubles the file. No maintained tool deduplicates a transposed copy
-   (onnxslim and onnxoptimizer compare tensors only as they are), so this stage
-   does it: an exact duplicate is replaced by the original, a transposed one by a
-   `Transpose` node of the original. ONNX Runtime folds that node once when the
-   session loads, so the file stays lean and inference does the same work.
+2. Repeated weights are stored once. The trace stage already keeps a tied
+   embedding from being folded into a second, transposed constant (see
+   `export/tracing.py`); this pass catches what other graphs repeat (equal
+   LayerNorm scales, a transposed copy a model computes itself). No maintained
+   tool deduplicates a transposed copy (onnxslim and onnxoptimizer compare
+   tensors only as they are), so this stage does it: an exact duplicate is
+   replaced by the original, a transposed one by a `Transpose` node of the
+   original, which ONNX Runtime folds once when the session loads.
 3. Dynamic axes get names (`batch`, `sequence`) instead of tf2onnx's `unk__N`.
 """
 
@@ -38,7 +39,7 @@ class SlimmedModel:
 
 
 def _digest(array: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+    return hashlib.sha256(memoryview(np.ascontiguousarray(array))).hexdigest()
 
 
 def deduplicate_initializers(proto) -> list:
@@ -48,22 +49,24 @@ def deduplicate_initializers(proto) -> list:
 
     graph = proto.graph
     seen = {}  # (dtype, shape, digest) -> name of the first tensor with that content
+    shapes = set()  # (dtype, shape) of the tensors in `seen`
     changes = []
     renames = {}
     transposes = []
-    kept = []
-    for init in graph.initializer:
+    removed = []  # positions in graph.initializer
+    for position, init in enumerate(graph.initializer):
         size = int(np.prod(init.dims)) if init.dims else 1
         if size < _MIN_DEDUPE_ELEMENTS:
-            kept.append(init)
             continue
         array = numpy_helper.to_array(init)
         key = (array.dtype.str, array.shape, _digest(array))
         if key in seen:
             renames[init.name] = seen[key]
             changes.append((init.name, seen[key], "same"))
+            removed.append(position)
             continue
-        if array.ndim == 2:
+        # Hash the transpose (a full copy) only if a tensor of that shape exists.
+        if array.ndim == 2 and (array.dtype.str, array.shape[::-1]) in shapes:
             transposed_key = (array.dtype.str, array.shape[::-1], _digest(array.T))
             if transposed_key in seen:
                 original = seen[transposed_key]
@@ -77,13 +80,14 @@ def deduplicate_initializers(proto) -> list:
                     )
                 )
                 changes.append((init.name, original, "T"))
+                removed.append(position)
                 continue
         seen[key] = init.name
-        kept.append(init)
+        shapes.add(key[:2])
     if not changes:
         return changes
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+    for position in reversed(removed):  # in place: no copy of the kept weights
+        del graph.initializer[position]
     for node in graph.node:
         for index, name in enumerate(node.input):
             if name in renames:
@@ -95,6 +99,24 @@ def deduplicate_initializers(proto) -> list:
     del graph.node[:]
     graph.node.extend(transposes + nodes)
     return changes
+
+
+def shared_weights(proto, min_elements: int = _MIN_DEDUPE_ELEMENTS) -> list:
+    """Weights read by more than one node: `(name, shape, [reader op types])`.
+
+    A tied embedding shows up here once, read by the lookup (`Gather`) and by
+    the output projection (`Transpose`, or `MatMul` after quantization).
+    """
+    readers = {}
+    for node in proto.graph.node:
+        for name in set(node.input):
+            readers.setdefault(name, []).append(node.op_type)
+    shared = []
+    for init in proto.graph.initializer:
+        size = int(np.prod(init.dims)) if init.dims else 1
+        if size >= min_elements and len(readers.get(init.name, [])) > 1:
+            shared.append((init.name, list(init.dims), sorted(readers[init.name])))
+    return shared
 
 
 def compact_names(proto, name: str = "model") -> None:
@@ -131,12 +153,7 @@ def compact_names(proto, name: str = "model") -> None:
                     values[position] = renames[value]
     for init in graph.initializer:
         init.name = renames.get(init.name, init.name)
-    ordered = sorted(graph.initializer, key=lambda init: (len(init.name), init.name))
-    copies = [type(init)() for init in ordered]
-    for copy, init in zip(copies, ordered, strict=True):
-        copy.CopyFrom(init)
-    del graph.initializer[:]
-    graph.initializer.extend(copies)
+    graph.initializer.sort(key=lambda init: (len(init.name), init.name))  # in place
     del graph.value_info[:]
 
 
@@ -165,9 +182,11 @@ def remove_dead_nodes(proto) -> None:
             needed.update(node.input)
     del graph.node[:]
     graph.node.extend(reversed(kept))
-    live = [init for init in graph.initializer if init.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(live)
+    # In place: re-adding a kept initializer copies it through serialisation,
+    # which fails for one over 2 GiB.
+    for position in reversed(range(len(graph.initializer))):
+        if graph.initializer[position].name not in needed:
+            del graph.initializer[position]
 
 
 def slim(

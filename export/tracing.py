@@ -5,29 +5,109 @@
 derived from the model: input names are the Keras input names (or dict keys),
 dtypes are kept, and outputs come back as a dict keyed by the output names, which
 tf2onnx turns into the ONNX output names.
+
+The weights are inputs of the function too, not captured variables: inside a
+`keras.StatelessScope` every variable read returns the tensor passed for it.
+tf2onnx then never sees a weight as a constant, so it does not copy, fold or
+serialise them (freezing a 2.4 GB embedding into the graph, and tf2onnx's
+optimizers re-serialising it after each pass, took 20+ GB of RSS and fails past
+2 GiB), and a tied matrix reaches ONNX once, as one input read by the lookup and
+by a `Transpose` for the output projection. The conversion stage turns these
+inputs into initializers holding the variables' values.
 """
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from export.loading import LoadedModel, flatten
 
+WEIGHT_PREFIX = "__weight_"
+
 
 @dataclass
 class TracedModel:
-    """The output of `trace`: a `tf.function` and its input signature."""
+    """The output of `trace`: a `tf.function`, its input signature and weights.
+
+    `signature` lists the model inputs, then one spec per weight; `weights` are
+    the variables behind those specs, in the same order.
+    """
 
     function: object
     signature: list
     input_names: list
     output_names: list
+    weights: list
+
+    def weight_input_names(self) -> list:
+        return [spec.name for spec in self.signature[len(self.input_names) :]]
+
+
+def _unique_variables(model) -> list:
+    """Each variable once, however many layers read it (a tied matrix)."""
+    seen, variables = set(), []
+    for variable in model.weights:
+        if id(variable) not in seen:
+            seen.add(id(variable))
+            variables.append(variable)
+    return variables
+
+
+@contextmanager
+def _attention_as_batched_matmuls():
+    """Trace Keras' dot-product attention as transposes and batched matmuls.
+
+    On TensorFlow, `keras.ops.dot_product_attention` (which `MultiHeadAttention`
+    and keras-hub's encoders call) computes `einsum("BTNH,BSNH->BNTS")` and
+    `einsum("BNTS,BSNH->BTNH")`. tf2onnx's einsum optimizer lowers each to 5-D
+    transposes, squeezes and shape arithmetic: about 60 of the reference
+    encoder's nodes per layer, and extra copies at run time. The same products
+    written as `transpose` + `matmul` reach ONNX as four `Transpose` and two
+    `MatMul` nodes. The masking, scaling and softmax stay Keras' own code, so
+    the result differs only in float summation order, and the export's
+    validation checks it like everything else. If a Keras release renames the
+    private function this replaces, the trace keeps Keras' einsums.
+    """
+    try:
+        from keras.src.backend.tensorflow import nn
+    except ImportError:
+        yield
+        return
+    original = getattr(nn, "_dot_product_attention_xla", None)
+    masks = getattr(nn, "_apply_masks", None)
+    if original is None or masks is None:
+        yield
+        return
+    import tensorflow as tf
+
+    def attention(query, key, value, bias, mask, is_causal, scale):
+        heads_first = [0, 2, 1, 3]  # (B, T, N, H) <-> (B, N, T, H)
+        query, key, value = (tf.transpose(t, heads_first) for t in (query, key, value))
+        wide = tf.float64 if query.dtype == tf.float64 else tf.float32  # as Keras does
+        logits = tf.cast(tf.matmul(query, key, transpose_b=True), wide)
+        logits = tf.multiply(logits, tf.cast(scale, logits.dtype))
+        if bias is not None:
+            logits = tf.add(logits, tf.cast(bias, logits.dtype))
+        probs = tf.cast(tf.nn.softmax(masks(logits, mask, is_causal), axis=-1), key.dtype)
+        return tf.transpose(tf.matmul(probs, value), heads_first)
+
+    nn._dot_product_attention_xla = attention
+    try:
+        yield
+    finally:
+        nn._dot_product_attention_xla = original
 
 
 def trace(loaded: LoadedModel) -> TracedModel:
+    import keras
     import tensorflow as tf
 
     model = loaded.model
+    weights = _unique_variables(model)
     signature = [
         tf.TensorSpec(shape=info.shape, dtype=info.dtype, name=info.name) for info in loaded.inputs
+    ] + [
+        tf.TensorSpec(shape=variable.shape, dtype=variable.dtype, name=f"{WEIGHT_PREFIX}{index}")
+        for index, variable in enumerate(weights)
     ]
     input_names = [info.name for info in loaded.inputs]
     output_names = [info.name for info in loaded.outputs]
@@ -40,8 +120,12 @@ def trace(loaded: LoadedModel) -> TracedModel:
         return tensors[0]
 
     def serve(*tensors):
-        outputs = flatten(model(pack(tensors), training=False), output_names)
+        inputs, values = tensors[: len(input_names)], tensors[len(input_names) :]
+        with keras.StatelessScope(state_mapping=list(zip(weights, values, strict=True))):
+            outputs = flatten(model(pack(inputs), training=False), output_names)
         return dict(zip(output_names, outputs, strict=True))
 
     function = tf.function(serve, input_signature=signature, autograph=False)
-    return TracedModel(function, signature, input_names, output_names)
+    with _attention_as_batched_matmuls():
+        function.get_concrete_function(*signature)  # traced now, reused by convert
+    return TracedModel(function, signature, input_names, output_names, weights)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from benchmarks import layers
+from benchmarks import layers, results_io
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 
@@ -35,4 +35,20 @@ def test_export_benchmark_quick_mode_reports_every_path():
         "matmul bound",
     } == set(timing)
     assert report["files"]["ours"]["size_ratio"] < report["files"]["plain"]["size_ratio"]
-    assert (export_bench.RESULTS / "export_bench.quick.png").exists()
+    assert (results_io.RESULTS / "export_bench.quick.png").exists()
+
+
+def test_scaling_benchmark_quick_mode_reports_both_sweeps():
+    from benchmarks import scaling
+
+    report = scaling.main(["--quick"])
+    assert [row["length"] for row in report["by_length"]] == scaling.QUICK["lengths"]
+    assert [row["vocabulary"] for row in report["by_vocabulary"]] == scaling.QUICK["vocabularies"]
+    # FLOPs grow with both; the first row is the unit of the relative cost.
+    for key in ("by_length", "by_vocabulary"):
+        rows = report[key]
+        assert rows[1]["gflops"] > rows[0]["gflops"]
+        assert rows[0]["cost_per_flop_vs_first"] == 1.0
+        assert all(row["median_ms"] > 0 for row in rows)
+    assert all(row["size_ratio"] < 1.2 for row in report["by_vocabulary"])
+    assert (results_io.RESULTS / "scaling.quick.png").exists()

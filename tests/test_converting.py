@@ -51,3 +51,47 @@ def test_unsupported_opset_is_refused(opset):
 
     with pytest.raises(UsageError, match="unsupported"):
         check_opset(opset)
+
+
+def test_weights_become_initializers_named_by_keras_path(tmp_path):
+    import keras
+
+    from export import converting, loading, tracing
+
+    inputs = keras.Input((5,))
+    keras.Model(inputs, keras.layers.Dense(3, name="dense")(inputs)).save(tmp_path / "m.keras")
+    traced = tracing.trace(loading.load(tmp_path / "m.keras"))
+    proto = converting.convert(traced).proto
+    assert [i.name for i in proto.graph.input] == traced.input_names
+    names = {i.name for i in proto.graph.initializer}
+    assert {"dense/kernel", "dense/bias"} <= names
+
+
+def test_attention_is_traced_as_batched_matmuls_and_restored(tmp_path):
+    """keras-hub's encoder reaches ONNX without tf2onnx's 5-D einsum lowering."""
+    import keras
+    import keras_hub
+    from keras.src.backend.tensorflow import nn
+
+    from export import converting, loading, slimming, tracing
+
+    original = nn._dot_product_attention_xla
+    ids = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(50, 16, mask_zero=True)(ids)
+    x = keras_hub.layers.TransformerEncoder(intermediate_dim=32, num_heads=2)(x)
+    keras.Model(ids, x).save(tmp_path / "m.keras")
+    loaded = loading.load(tmp_path / "m.keras")
+    proto = converting.convert(tracing.trace(loaded)).proto
+    assert nn._dot_product_attention_xla is original
+    # (tf2onnx's lowering of EinsumDense transposes its kernels in 5-D too;
+    # onnxslim folds those, so the slimmed graph is the one to look at.)
+    proto = slimming.slim(proto, loaded.inputs, loaded.outputs).proto
+    perms = [
+        list(a.ints)
+        for node in proto.graph.node
+        if node.op_type == "Transpose"
+        for a in node.attribute
+        if a.name == "perm"
+    ]
+    assert perms and all(len(perm) <= 4 for perm in perms), perms
+    assert not any(node.op_type == "Einsum" for node in proto.graph.node)

@@ -103,7 +103,10 @@ def test_tied_matrix_is_stored_once(encoder_export):
     proto = onnx.load(output)
     big = [init for init in proto.graph.initializer if 300 in init.dims]
     assert len(big) == 1, [init.name for init in big]
-    assert report["graph"]["weights_stored_once"][0]["as"] == "transpose"
+    # The one matrix feeds both the lookup and the output projection.
+    shared = report["graph"]["shared_weights"]
+    assert [entry["shape"] for entry in shared] == [list(big[0].dims)]
+    assert shared[0]["read_by"] == ["Gather", "Transpose"]
 
 
 def test_dict_inputs_and_outputs(tmp_path):

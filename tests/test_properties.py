@@ -144,4 +144,4 @@ def test_random_encoders_export_and_validate(
     model.save(directory / "m.keras")
     report = export_model(directory / "m.keras", directory / "m.onnx", shapes=[(2, 9), "padded"])
     assert report["passed"]
-    assert report["graph"]["weights_stored_once"]
+    assert report["graph"]["shared_weights"]
