@@ -33,6 +33,8 @@ def test_export_benchmark_quick_mode_reports_every_path():
         "ort ours",
         "ort ours int8",
         "matmul bound",
+        "matmul bound, prepacked",
+        "int8 matmul bound, prepacked",
     } == set(timing)
     assert report["files"]["ours"]["size_ratio"] < report["files"]["plain"]["size_ratio"]
     assert (results_io.RESULTS / "export_bench.quick.png").exists()
