@@ -160,13 +160,14 @@ def _custom_loop_step(model, strategy, loss_fn, global_batch: int):
 
 
 def _placement(variable) -> str:
+    """How the variable's value is placed: a JAX sharding, or its TF type."""
     value = variable.value
     sharding = getattr(value, "sharding", None)  # JAX arrays
-    if sharding is not None and hasattr(sharding, "spec"):
+    if sharding is None:
+        return type(value).__name__
+    if hasattr(sharding, "spec"):
         return f"{type(sharding).__name__}{tuple(sharding.spec)}"
-    if sharding is not None:
-        return type(sharding).__name__
-    return type(variable.value).__name__ if hasattr(variable, "value") else "?"
+    return type(sharding).__name__
 
 
 def token_loss():

@@ -5,9 +5,12 @@ until nothing changes, deep-copying the whole graph before each one (to roll bac
 a failing optimizer) and re-serialising every node after it. On the 11M-parameter
 reference encoder that is 4 sweeps x 12 passes: 30+ s and 4.7 GB of RSS, most of
 the export. This stage runs the same steps as `from_function` (freeze, convert
-with `process_tf_graph`, optimize, `make_model`) but keeps constants out of the
-graph protos (tf2onnx's `large_model` storage) and runs each optimizer once;
-onnxslim in the next stage then does the folding and dead-code removal that the
+with `process_tf_graph`, optimize, `make_model`) but runs each optimizer once.
+The weights are inputs of the traced function (`export/tracing.py`), so the
+frozen graph holds no weight constants; they become initializers at the end
+(`_weights_to_initializers`). The few large constants the graph still has stay
+out of the node protos (tf2onnx's `large_model` storage) until `make_model`.
+onnxslim, in the next stage, does the folding and dead-code removal that the
 later sweeps would have done. It relies on tf2onnx functions that are public in
 the package but not documented as API; `tests/test_converting.py` pins that.
 

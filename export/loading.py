@@ -281,12 +281,19 @@ def _describe(model):
     return inputs, outputs, _structure(input_struct), _structure(output_struct)
 
 
+def unique_variables(model) -> list:
+    """Each variable once, however many layers read it (a tied matrix)."""
+    seen, variables = set(), []
+    for variable in model.weights:
+        if id(variable) not in seen:
+            seen.add(id(variable))
+            variables.append(variable)
+    return variables
+
+
 def _unique_param_bytes(model) -> int:
-    seen, total = set(), 0
-    for weight in model.weights:
-        if id(weight) in seen:
-            continue
-        seen.add(id(weight))
+    total = 0
+    for weight in unique_variables(model):
         size = 1
         for dim in weight.shape:
             size *= int(dim)
