@@ -1,4 +1,4 @@
-"""TensorFlow ops that tf2onnx 1.17 cannot convert, mapped to ONNX here.
+"""TensorFlow ops that tf2onnx 1.17 cannot convert, or converts wrongly, mapped here.
 
 Registered with tf2onnx's own handler registry when `export.converting` is
 imported. Each handler rewrites the TF node in place, as tf2onnx's built-in
@@ -27,3 +27,21 @@ class Erfc:
         one = ctx.make_const(utils.make_name(f"{node.name}_one"), np.array(1, dtype))
         node.type = "Sub"
         ctx.replace_inputs(node, [one.output[0], erf.output[0]])
+
+
+@tf_op("SelectV2")
+class SelectV2:
+    """`SelectV2(condition, x, y)` -> one ONNX `Where`.
+
+    tf2onnx writes a float `SelectV2` as `x * cast(c) + y * cast(!c)`, six
+    nodes (its comment calls ONNX Runtime's `Where` slow), and that arithmetic
+    turns a selected-away infinity or NaN into NaN (`inf * 0`): `where(x > 0,
+    log(x), 0)` came out NaN wherever x <= 0. `SelectV2` broadcasts like
+    NumPy, as `Where` does. On the reference encoder the masked attention
+    logits run as fast either way (measured side by side, within noise at
+    1x128 and 8x128), with 45 fewer nodes.
+    """
+
+    @classmethod
+    def version_9(cls, ctx, node, **kwargs):
+        node.type = "Where"

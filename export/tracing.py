@@ -50,11 +50,14 @@ def _attention_as_batched_matmuls():
     and keras-hub's encoders call) computes `einsum("BTNH,BSNH->BNTS")` and
     `einsum("BNTS,BSNH->BTNH")`. tf2onnx's einsum optimizer lowers each to 5-D
     transposes, squeezes and shape arithmetic: about 40 of the reference
-    encoder's nodes per layer (412 -> 249 in all), and extra copies at run time. The same products
+    encoder's nodes per layer, and extra copies at run time. The same products
     written as `transpose` + `matmul` reach ONNX as four `Transpose` and two
-    `MatMul` nodes. The masking, scaling and softmax stay Keras' own code, so
-    the result differs only in float summation order, and the export's
-    validation checks it like everything else. If a Keras release renames the
+    `MatMul` nodes (412 -> 249 nodes in all), and the padding mask selects the
+    logits in one `Where` instead of Keras' expand-then-select (249 -> 204,
+    with the `SelectV2` handler in `export.op_handlers`). The large negative
+    value, scaling and softmax stay Keras' own, so the result differs only in
+    float summation order, and the export's validation checks it like
+    everything else. If a Keras release renames the
     private function this replaces, the trace keeps Keras' einsums.
     """
     try:
@@ -64,7 +67,8 @@ def _attention_as_batched_matmuls():
         return
     original = getattr(nn, "_dot_product_attention_xla", None)
     masks = getattr(nn, "_apply_masks", None)
-    if original is None or masks is None:
+    large_negative = getattr(nn, "_get_large_negative", None)
+    if original is None or masks is None or large_negative is None:
         yield
         return
     import tensorflow as tf
@@ -77,7 +81,13 @@ def _attention_as_batched_matmuls():
         logits = tf.multiply(logits, tf.cast(scale, logits.dtype))
         if bias is not None:
             logits = tf.add(logits, tf.cast(bias, logits.dtype))
-        probs = tf.cast(tf.nn.softmax(masks(logits, mask, is_causal), axis=-1), key.dtype)
+        if mask is not None and not is_causal:
+            # Keras ANDs the mask into `ones_like(logits)` first; `where`
+            # broadcasts it anyway, so that expand (5 nodes a layer) is skipped.
+            logits = tf.where(mask, logits, large_negative(logits.dtype))
+        else:
+            logits = masks(logits, mask, is_causal)
+        probs = tf.cast(tf.nn.softmax(logits, axis=-1), key.dtype)
         return tf.transpose(tf.matmul(probs, value), heads_first)
 
     nn._dot_product_attention_xla = attention

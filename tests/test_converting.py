@@ -94,4 +94,27 @@ def test_attention_is_traced_as_batched_matmuls_and_restored(tmp_path):
         if a.name == "perm"
     ]
     assert perms and all(len(perm) <= 4 for perm in perms), perms
-    assert not any(node.op_type == "Einsum" for node in proto.graph.node)
+    ops = [node.op_type for node in proto.graph.node]
+    assert "Einsum" not in ops
+    # The padding mask selects the logits in one `Where`, without Keras'
+    # `ones_like(logits) & mask` expansion.
+    assert "Where" in ops and "Expand" not in ops, ops
+
+
+def test_select_keeps_selected_away_infinities_out(tmp_path):
+    """`where(x > 0, log(x), 0)` is 0, not NaN, where log(x) is -inf or NaN."""
+    import keras
+    import onnxruntime as ort
+
+    from export import converting, loading, tracing
+
+    x = keras.Input((4,), name="x")
+    y = keras.ops.where(x > 0, keras.ops.log(x), 0.0)
+    keras.Model(x, y).save(tmp_path / "m.keras")
+    loaded = loading.load(tmp_path / "m.keras")
+    proto = converting.convert(tracing.trace(loaded)).proto
+    session = ort.InferenceSession(proto.SerializeToString())
+    values = np.array([[2.0, 0.0, -1.0, 1.0]], "float32")
+    (got,) = session.run(None, {"x": values})
+    np.testing.assert_allclose(got, np.asarray(loaded.model(values)), rtol=1e-6)
+    np.testing.assert_allclose(got, [[np.log(2.0), 0.0, 0.0, 0.0]], rtol=1e-6)
