@@ -118,7 +118,9 @@ def quantize_int8(source, target) -> dict:
             weight_type=QuantType.QInt8,
             op_types_to_quantize=QUANTIZED_OPS,
             per_channel=False,
-            extra_options={"WeightSymmetric": True},
+            # ONNX shape inference cannot type what follows a contrib op
+            # (`MultiHeadAttention`); every tensor quantized here is float32.
+            extra_options={"WeightSymmetric": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
         )
         result = onnx.load(str(quantized))
     share_tied_int8(result, transposed)

@@ -196,13 +196,15 @@ def slim(
     and ONNX shape inference cannot serialise; the other passes still run."""
     start = time.perf_counter()
     before = len(proto.graph.node)
-    fused = {"LayerNormalization": 0, "MatMul": 0}
+    fused = {"LayerNormalization": 0, "MatMul": 0, "MultiHeadAttention": 0}
     if run_onnxslim:
         import onnxslim
 
         proto = onnxslim.slim(proto)
         fused["LayerNormalization"] = fusions.fuse_layer_norms(proto, fusions.tensor_ranks(proto))
     fused["MatMul"] = fusions.fuse_tensordot_matmuls(proto)
+    if run_onnxslim:  # shape inference, like onnxslim, cannot take a proto past 2 GB
+        fused["MultiHeadAttention"] = fusions.fuse_attention(proto, fusions.tensor_shapes(proto))
     remove_dead_nodes(proto)
     changes = deduplicate_initializers(proto)
     compact_names(proto, name=model_name)

@@ -35,6 +35,7 @@ def test_export_benchmark_quick_mode_reports_every_path():
         "matmul bound",
         "matmul bound, prepacked",
         "int8 matmul bound, prepacked",
+        "int8 product bound (A pre-quantized)",
     } == set(timing)
     assert report["files"]["ours"]["size_ratio"] < report["files"]["plain"]["size_ratio"]
     assert (results_io.RESULTS / "export_bench.quick.png").exists()

@@ -83,6 +83,11 @@ def test_attention_is_traced_as_batched_matmuls_and_restored(tmp_path):
     loaded = loading.load(tmp_path / "m.keras")
     proto = converting.convert(tracing.trace(loaded)).proto
     assert nn._dot_product_attention_xla is original
+    ops = [node.op_type for node in proto.graph.node]
+    assert "Einsum" not in ops
+    # The padding mask selects the logits in one `Where`, without Keras'
+    # `ones_like(logits) & mask` expansion.
+    assert "Where" in ops and "Expand" not in ops, ops
     # (tf2onnx's lowering of EinsumDense transposes its kernels in 5-D too;
     # onnxslim folds those, so the slimmed graph is the one to look at.)
     proto = slimming.slim(proto, loaded.inputs, loaded.outputs).proto
@@ -93,12 +98,8 @@ def test_attention_is_traced_as_batched_matmuls_and_restored(tmp_path):
         for a in node.attribute
         if a.name == "perm"
     ]
-    assert perms and all(len(perm) <= 4 for perm in perms), perms
-    ops = [node.op_type for node in proto.graph.node]
-    assert "Einsum" not in ops
-    # The padding mask selects the logits in one `Where`, without Keras'
-    # `ones_like(logits) & mask` expansion.
-    assert "Where" in ops and "Expand" not in ops, ops
+    assert all(len(perm) <= 4 for perm in perms), perms
+    assert [node.op_type for node in proto.graph.node].count("MultiHeadAttention") == 1
 
 
 def test_select_keeps_selected_away_infinities_out(tmp_path):

@@ -292,10 +292,15 @@ def test_layer_norms_and_dense_layers_are_folded(encoder_export):
     _, output, report = encoder_export
     ops = [node.op_type for node in onnx.load(output).graph.node]
     # 2 encoder layers x 2 LayerNorms and 2 feed-forward Dense layers, plus the
-    # tied output projection.
+    # tied output projection; each layer's attention in one node.
     assert ops.count("LayerNormalization") == 4
     assert "ReduceMean" not in ops and "Sqrt" not in ops
-    assert report["graph"]["fused"] == {"LayerNormalization": 4, "MatMul": 5}
+    assert report["graph"]["fused"] == {
+        "LayerNormalization": 4,
+        "MatMul": 5,
+        "MultiHeadAttention": 2,
+    }
+    assert ops.count("MultiHeadAttention") == 2 and "Softmax" not in ops
     assert report["graph"]["nodes_final"] < report["graph"]["nodes_converted"]
 
 
@@ -358,3 +363,80 @@ def test_subclassed_model(tmp_path):
     assert report["passed"]
     assert report["inputs"][0]["dtype"] == "int32"
     assert report["inputs"][0]["shape"] == ["batch", "sequence"]
+
+
+def _traced_attention_graph(heads, size):
+    """Attention as the trace writes it: q, k, v (B, T, N, H) and a (B, 1, T, S) mask."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def four_d(name, kind=TensorProto.FLOAT, last=(heads, size)):
+        return helper.make_tensor_value_info(name, kind, ["b", name + "_len", *last])
+
+    heads_first = [0, 2, 1, 3]
+    nodes = [
+        helper.make_node("Transpose", ["q"], ["qt"], perm=heads_first),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 3, 1]),
+        helper.make_node("MatMul", ["qt", "kt"], ["logits"]),
+        helper.make_node("Mul", ["logits", "scale"], ["scaled"]),
+        helper.make_node("Where", ["mask", "scaled", "big"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+        helper.make_node("Transpose", ["v"], ["vt"], perm=heads_first),
+        helper.make_node("MatMul", ["probs", "vt"], ["heads"]),
+        helper.make_node("Transpose", ["heads"], ["y"], perm=heads_first),
+    ]
+    mask = helper.make_tensor_value_info("mask", TensorProto.BOOL, ["b", 1, "q_len", "k_len"])
+    constants = [
+        numpy_helper.from_array(np.float32(size**-0.5), "scale"),
+        numpy_helper.from_array(np.float32(-1e9), "big"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "attention",
+        [four_d("q"), four_d("k"), four_d("v"), mask],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        constants,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_fused_attention_masks_padded_rows_as_keras_does():
+    """A padded query attends to no key, and Keras gives it the mean of all values.
+
+    Its logits here reach the hundreds: adding -1e9 to mask them would not give
+    that (-1e9 + 40 rounds to -1e9 + 64, so the largest logit would win).
+    """
+    from export import fusions
+
+    heads, size, length = 2, 4, 5
+    proto = _traced_attention_graph(heads, size)
+    unfused = ort.InferenceSession(proto.SerializeToString())
+    assert fusions.fuse_attention(proto, fusions.tensor_shapes(proto)) == 1
+    assert "MultiHeadAttention" in [node.op_type for node in proto.graph.node]
+    fused = ort.InferenceSession(proto.SerializeToString())
+
+    rng = np.random.default_rng(0)
+    q, k = (rng.normal(0, 8, (2, length, heads, size)).astype("float32") for _ in "qk")
+    v = rng.normal(0, 1, (2, length, heads, size)).astype("float32")
+    valid = np.arange(length)[None] < np.array([[length], [3]])  # row 1: 2 pads
+    mask = (valid[:, None, :, None] & valid[:, None, None, :]).astype(bool)
+    feeds = {"q": q, "k": k, "v": v, "mask": mask}
+
+    logits = np.einsum("btnh,bsnh->bnts", q, k) * np.float32(size**-0.5)
+    assert np.abs(logits).max() > 100
+
+    def attend(masked_logits):
+        probs = np.exp(masked_logits - masked_logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        return np.einsum("bnts,bsnh->btnh", probs, v)
+
+    keras_like = attend(np.where(mask, logits, np.float32(-1e9)))
+    np.testing.assert_allclose(
+        keras_like[1, 3:], np.broadcast_to(v[1].mean(0), (2, heads, size)), rtol=1e-5, atol=1e-6
+    )
+    added = attend(logits + np.where(mask, np.float32(0), np.float32(-1e9)))
+    assert np.abs(added[1, 3:] - keras_like[1, 3:]).max() > 0.1  # what -1e9 would give
+
+    (got,) = fused.run(None, feeds)
+    (reference,) = unfused.run(None, feeds)
+    np.testing.assert_allclose(got, keras_like, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got, reference, rtol=1e-4, atol=1e-5)
