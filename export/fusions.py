@@ -251,11 +251,13 @@ def tensor_ranks(proto) -> dict:
     return {name: len(dims) for name, (dims, _) in tensor_shapes(proto).items()}
 
 
-# Masked logits get this bias instead of Keras' selected -1e9. Adding it to any
-# logit below 1e31 in magnitude rounds to exactly this value, so a row with
-# every position masked is uniform as in Keras, whatever its logits (-1e9
-# would not be: -1e9 + 40 rounds to -1e9 + 64), and a masked position in any
-# other row gets exp(-3e38 - max) = 0, as it does in Keras.
+# Masked logits get this additive bias where Keras selects 0.7 x the float32
+# maximum (-2.4e38) instead of the logit. Adding it to any logit below 1e31 in
+# magnitude rounds to exactly this value, so a row with every position masked
+# is uniform as in Keras, whatever its logits, and a masked position in any
+# other row gets exp(-3e38 - max) = 0, as it does in Keras. A bias of the size
+# attention masks usually get would not do: -1e9 + 40 rounds to -1e9 + 64, so
+# in a fully masked row the largest logit would win.
 _MASKED = np.float32(-3e38)
 _HEADS_FIRST = [0, 2, 1, 3]
 
@@ -298,6 +300,7 @@ def _match_attention(g, softmax, shapes):
     where = g.node(logits, "Where")
     if where is not None:
         big = g.const(where.input[2])
+        # Keras selects -2.4e38; anything from -1e9 down masks completely.
         if not g.only_used_by(logits) or big is None or big.size != 1 or big.max() > -1e9:
             return None
         mask, logits = where.input[0], where.input[1]

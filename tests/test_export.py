@@ -365,6 +365,9 @@ def test_subclassed_model(tmp_path):
     assert report["inputs"][0]["shape"] == ["batch", "sequence"]
 
 
+KERAS_MASKED = np.float32(-0.7 * 3.38953e38)  # what Keras selects for a masked logit
+
+
 def _traced_attention_graph(heads, size):
     """Attention as the trace writes it: q, k, v (B, T, N, H) and a (B, 1, T, S) mask."""
     from onnx import TensorProto, helper, numpy_helper
@@ -387,7 +390,7 @@ def _traced_attention_graph(heads, size):
     mask = helper.make_tensor_value_info("mask", TensorProto.BOOL, ["b", 1, "q_len", "k_len"])
     constants = [
         numpy_helper.from_array(np.float32(size**-0.5), "scale"),
-        numpy_helper.from_array(np.float32(-1e9), "big"),
+        numpy_helper.from_array(KERAS_MASKED, "big"),
     ]
     graph = helper.make_graph(
         nodes,
@@ -429,7 +432,7 @@ def test_fused_attention_masks_padded_rows_as_keras_does():
         probs /= probs.sum(-1, keepdims=True)
         return np.einsum("bnts,bsnh->btnh", probs, v)
 
-    keras_like = attend(np.where(mask, logits, np.float32(-1e9)))
+    keras_like = attend(np.where(mask, logits, KERAS_MASKED))
     np.testing.assert_allclose(
         keras_like[1, 3:], np.broadcast_to(v[1].mean(0), (2, heads, size)), rtol=1e-5, atol=1e-6
     )
@@ -440,3 +443,16 @@ def test_fused_attention_masks_padded_rows_as_keras_does():
     (reference,) = unfused.run(None, feeds)
     np.testing.assert_allclose(got, keras_like, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got, reference, rtol=1e-4, atol=1e-5)
+
+
+def test_causal_decoder_attention_is_fused_and_validates(tmp_path):
+    """keras-hub's decoder masks causally and by padding; the fused op keeps both."""
+    import keras_hub
+
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    x = keras.layers.Embedding(60, 16, mask_zero=True)(ids)
+    x = keras_hub.layers.TransformerDecoder(intermediate_dim=32, num_heads=2)(x)
+    model_path = save(keras.Model(ids, keras.layers.Dense(60)(x)), tmp_path / "decoder.keras")
+    report = export_model(model_path, tmp_path / "decoder.onnx", shapes=QUICK_SHAPES)
+    assert report["passed"]
+    assert report["graph"]["fused"]["MultiHeadAttention"] == 1
