@@ -49,6 +49,11 @@ class _Graph:
         return second if first == name else first if second == name else None
 
 
+def _opset(proto) -> int:
+    """The model's default-domain opset."""
+    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
 def _last_axis_reduce(g, node, rank):
     """Whether a ReduceMean node averages over the last axis only, keeping dims."""
     keepdims = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
@@ -127,6 +132,8 @@ def _match_shift(g, name, factor, mean):
 
 def fuse_layer_norms(proto, ranks: dict) -> int:
     """Replace decomposed LayerNorms by `LayerNormalization` (opset 17+)."""
+    if _opset(proto) < 17:
+        return 0
     g = _Graph(proto.graph)
     fused = 0
     for add in [n for n in proto.graph.node if n.op_type == "Add"]:
@@ -301,7 +308,9 @@ def _match_attention(g, softmax, shapes):
     if where is not None:
         big = g.const(where.input[2])
         # Keras selects -2.4e38; anything from -1e9 down masks completely.
-        if not g.only_used_by(logits) or big is None or big.size != 1 or big.max() > -1e9:
+        if not g.only_used_by(logits) or big is None or big.size != 1:
+            return None
+        if not np.isfinite(big).all() or big.max() > -1e9:
             return None
         mask, logits = where.input[0], where.input[1]
     scaled = g.node(logits, "Mul")
@@ -309,7 +318,8 @@ def _match_attention(g, softmax, shapes):
         return None
     product_name = next((i for i in scaled.input if g.node(i, "MatMul")), None)
     scale = None if product_name is None else _scalar(g, scaled, product_name)
-    if scale is None or not g.only_used_by(product_name):
+    # MultiHeadAttention reads scale=0 as "not set" and uses 1/sqrt(H).
+    if not scale or not np.isfinite(scale) or not g.only_used_by(product_name):
         return None
     product = g.producer[product_name]
     q = _transposed(g, product.input[0], _HEADS_FIRST)
@@ -340,60 +350,76 @@ def fuse_attention(proto, shapes: dict) -> int:
     at 512, 1% at 128; 4% at (8, 128). ONNX
     Runtime's own fusion (`onnxruntime.transformers`) matches BERT's PyTorch
     and TF1 graphs and fuses none of these (see the module docstring).
+
+    One difference remains: a NaN or infinite logit at a masked position,
+    which Keras' select discards, survives the additive bias. Finite inputs
+    give finite logits, so only a model that already computes NaN at its
+    padded positions sees it. Needs opset 15 (`Shape` with `start`/`end`).
     """
+    if _opset(proto) < 15:
+        return 0
     g = _Graph(proto.graph)
     graph = proto.graph
+    taken = {*g.producer, *g.initializers, *(value.name for value in graph.input)}
+
+    def fresh(name):
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        return name
+
     # New nodes go in just before the transpose they replace, except each
     # mask's bias, computed once, just after the mask.
     before, after, fused, biases = {}, defaultdict(list), 0, {}
 
-    def constant(name, value):
-        if name not in g.initializers:
-            init = numpy_helper.from_array(np.asarray(value), name)
-            graph.initializer.append(init)
-            g.initializers[name] = init
-        return name
+    constants = {}
+
+    def constant(key, value):
+        if key not in constants:
+            constants[key] = fresh(key)
+            graph.initializer.append(numpy_helper.from_array(np.asarray(value), constants[key]))
+        return constants[key]
 
     for softmax in [n for n in graph.node if n.op_type == "Softmax"]:
         match = _match_attention(g, softmax, shapes)
         if match is None:
             continue
         q, k, v, mask, scale, heads, size, out = match
-        prefix = f"{out.output[0]}_mha"
-        flat = constant("mha_flat_heads", np.array([0, 0, -1], np.int64))
+        labels = ("q", "k", "v", "b", "t", "s", "bias_shape", "bias", "out")
+        name = {label: fresh(f"{out.output[0]}_mha_{label}") for label in labels}
+        # Not [0, 0, -1]: with 0 batch or sequence, -1 cannot be inferred.
+        flat = constant(f"mha_flat_{heads * size}", np.array([0, 0, heads * size], np.int64))
         nodes = [
-            helper.make_node("Reshape", [name, flat], [f"{prefix}_{label}"])
-            for name, label in ((q, "q"), (k, "k"), (v, "v"))
+            helper.make_node("Reshape", [source, flat], [name[label]])
+            for source, label in ((q, "q"), (k, "k"), (v, "v"))
         ]
-        inputs = [f"{prefix}_q", f"{prefix}_k", f"{prefix}_v"]
+        inputs = [name["q"], name["k"], name["v"]]
         if mask is not None:
             # The bias must be (B or 1, N or 1, T, S): expand the mask's.
             if mask not in biases:
-                biases[mask] = f"{mask}_bias"
+                biases[mask] = fresh(f"{mask}_bias")
                 zero, masked = constant("mha_zero", np.float32(0)), constant("mha_masked", _MASKED)
                 where = helper.make_node("Where", [mask, zero, masked], [biases[mask]])
                 after[mask].append(where)
             one = constant("mha_one", np.array([1], np.int64))
             nodes += [
-                helper.make_node("Shape", [q], [f"{prefix}_b"], start=0, end=1),
-                helper.make_node("Shape", [q], [f"{prefix}_t"], start=1, end=2),
-                helper.make_node("Shape", [k], [f"{prefix}_s"], start=1, end=2),
+                helper.make_node("Shape", [q], [name["b"]], start=0, end=1),
+                helper.make_node("Shape", [q], [name["t"]], start=1, end=2),
+                helper.make_node("Shape", [k], [name["s"]], start=1, end=2),
                 helper.make_node(
                     "Concat",
-                    [f"{prefix}_b", one, f"{prefix}_t", f"{prefix}_s"],
-                    [f"{prefix}_bias_shape"],
+                    [name["b"], one, name["t"], name["s"]],
+                    [name["bias_shape"]],
                     axis=0,
                 ),
-                helper.make_node(
-                    "Expand", [biases[mask], f"{prefix}_bias_shape"], [f"{prefix}_bias"]
-                ),
+                helper.make_node("Expand", [biases[mask], name["bias_shape"]], [name["bias"]]),
             ]
-            inputs += ["", "", f"{prefix}_bias"]
+            inputs += ["", "", name["bias"]]
         nodes.append(
             helper.make_node(
                 "MultiHeadAttention",
                 inputs,
-                [f"{prefix}_out"],
+                [name["out"]],
                 domain="com.microsoft",
                 num_heads=heads,
                 scale=scale,
@@ -401,14 +427,14 @@ def fuse_attention(proto, shapes: dict) -> int:
         )
         split = constant(f"mha_split_{heads}_{size}", np.array([0, 0, heads, size], np.int64))
         before[out.output[0]] = nodes
-        out.CopyFrom(helper.make_node("Reshape", [f"{prefix}_out", split], list(out.output)))
+        out.CopyFrom(helper.make_node("Reshape", [name["out"], split], list(out.output)))
         fused += 1
     if fused:
         sources = {*g.initializers, *(value.name for value in graph.input)}
         nodes = [where for mask in after if mask in sources for where in after[mask]]
         for node in graph.node:
             nodes += [*before.get(node.output[0], []), node]
-            nodes += [where for name in node.output for where in after.get(name, [])]
+            nodes += [where for output in node.output for where in after.get(output, [])]
         del graph.node[:]
         graph.node.extend(nodes)
         if not any(o.domain == "com.microsoft" for o in proto.opset_import):

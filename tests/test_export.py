@@ -443,6 +443,18 @@ def test_fused_attention_masks_padded_rows_as_keras_does():
     (reference,) = unfused.run(None, feeds)
     np.testing.assert_allclose(got, keras_like, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got, reference, rtol=1e-4, atol=1e-5)
+    # An empty batch runs too (a -1 in the fused reshapes could not be inferred).
+    empty = {name: value[:0] for name, value in feeds.items()}
+    assert fused.run(None, empty)[0].shape == (0, length, heads, size)
+
+
+def test_old_opsets_export_without_the_ops_they_lack(tmp_path):
+    """`LayerNormalization` needs opset 17 and the fused attention's `Shape` 15."""
+    model_path = save(tied_encoder(), tmp_path / "encoder.keras")
+    report = export_model(model_path, tmp_path / "old.onnx", shapes=QUICK_SHAPES, opset=13)
+    assert report["passed"] and report["opset"] == 13
+    assert report["graph"]["fused"]["LayerNormalization"] == 0
+    assert report["graph"]["fused"]["MultiHeadAttention"] == 0
 
 
 def test_causal_decoder_attention_is_fused_and_validates(tmp_path):
