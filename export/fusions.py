@@ -49,6 +49,11 @@ class _Graph:
         return second if first == name else first if second == name else None
 
 
+def _perm(node):
+    """A Transpose node's `perm`, or None when absent (reverse every axis)."""
+    return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+
+
 def _opset(proto) -> int:
     """The model's default-domain opset."""
     return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
@@ -201,8 +206,7 @@ def _matrix_shape(g, name):
     if transpose is None:
         return None
     weight = g.const(transpose.input[0])
-    perm = [a.ints for a in transpose.attribute if a.name == "perm"]
-    if weight is None or weight.ndim != 2 or (perm and list(perm[0]) != [1, 0]):
+    if weight is None or weight.ndim != 2 or _perm(transpose) not in (None, [1, 0]):
         return None
     return weight.shape[::-1]
 
@@ -253,9 +257,9 @@ def tensor_shapes(proto) -> dict:
     return shapes
 
 
-def tensor_ranks(proto) -> dict:
-    """Rank of every tensor that ONNX shape inference can tell."""
-    return {name: len(dims) for name, (dims, _) in tensor_shapes(proto).items()}
+def tensor_ranks(shapes: dict) -> dict:
+    """Rank of every tensor in `tensor_shapes`' answer."""
+    return {name: len(dims) for name, (dims, _) in shapes.items()}
 
 
 # Masked logits get this additive bias where Keras selects 0.7 x the float32
@@ -274,7 +278,7 @@ def _transposed(g, name, perm):
     node = g.node(name, "Transpose")
     if node is None or not g.only_used_by(name):
         return None
-    if [list(a.ints) for a in node.attribute if a.name == "perm"] != [perm]:
+    if _perm(node) != perm:
         return None
     return node.input[0]
 
@@ -301,7 +305,7 @@ def _match_attention(g, softmax, shapes):
     if pv.input[0] != softmax.output[0] or len(out) != 1 or out[0].op_type != "Transpose":
         return None
     out = out[0]
-    if [list(a.ints) for a in out.attribute if a.name == "perm"] != [_HEADS_FIRST]:
+    if _perm(out) != _HEADS_FIRST:
         return None
     mask, logits = None, softmax.input[0]
     where = g.node(logits, "Where")

@@ -201,10 +201,14 @@ def slim(
         import onnxslim
 
         proto = onnxslim.slim(proto)
-        fused["LayerNormalization"] = fusions.fuse_layer_norms(proto, fusions.tensor_ranks(proto))
+        # Shape inference, like onnxslim, cannot take a proto past 2 GB. One
+        # pass serves both fusions: each rewrite keeps its output's name and
+        # shape, so the shapes stay true for every tensor the other reads.
+        shapes = fusions.tensor_shapes(proto)
+        fused["LayerNormalization"] = fusions.fuse_layer_norms(proto, fusions.tensor_ranks(shapes))
     fused["MatMul"] = fusions.fuse_tensordot_matmuls(proto)
-    if run_onnxslim:  # shape inference, like onnxslim, cannot take a proto past 2 GB
-        fused["MultiHeadAttention"] = fusions.fuse_attention(proto, fusions.tensor_shapes(proto))
+    if run_onnxslim:
+        fused["MultiHeadAttention"] = fusions.fuse_attention(proto, shapes)
     remove_dead_nodes(proto)
     changes = deduplicate_initializers(proto)
     compact_names(proto, name=model_name)

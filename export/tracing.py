@@ -57,8 +57,8 @@ def _attention_as_batched_matmuls():
     with the `SelectV2` handler in `export.op_handlers`). The large negative
     value, scaling and softmax stay Keras' own, so the result differs only in
     float summation order, and the export's validation checks it like
-    everything else. If a Keras release renames the
-    private function this replaces, the trace keeps Keras' einsums.
+    everything else. If a Keras release renames the private function this
+    replaces, the trace keeps Keras' einsums.
     """
     try:
         from keras.src.backend.tensorflow import nn

@@ -331,10 +331,10 @@ def test_fusions_leave_unmatched_graphs_alone():
     ]
     graph = helper.make_graph(nodes, "g", [x], [y], [axes, eps, gamma])
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    assert fusions.fuse_layer_norms(proto, fusions.tensor_ranks(proto)) == 0
+    assert fusions.fuse_layer_norms(proto, fusions.tensor_ranks(fusions.tensor_shapes(proto))) == 0
     # The same graph over the last axis is a LayerNorm.
     proto.graph.initializer[0].CopyFrom(helper.make_tensor("axes", TensorProto.INT64, [1], [1]))
-    assert fusions.fuse_layer_norms(proto, fusions.tensor_ranks(proto)) == 1
+    assert fusions.fuse_layer_norms(proto, fusions.tensor_ranks(fusions.tensor_shapes(proto))) == 1
 
 
 @keras.saving.register_keras_serializable(package="tests")
