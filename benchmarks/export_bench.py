@@ -54,7 +54,7 @@ def child_export(kind: str, model_path: str, output: str) -> dict:
         proto, _ = tf2onnx.convert.from_function(function, input_signature=spec, opset=18)
         onnx.save(proto, output)
     else:
-        from export import converting, loading, slimming, tracing
+        from keras_layers.export import converting, loading, slimming, tracing
 
         loaded = loading.load(model_path)
         converted = converting.convert(tracing.trace(loaded))
@@ -212,7 +212,7 @@ def matmul_bounds(batch, length, config, rounds) -> dict:
 
 
 def quantize_int8(source, target):
-    from export.quantizing import quantize_int8 as quantize
+    from keras_layers.export.quantizing import quantize_int8 as quantize
 
     quantize(source, target)
 
@@ -231,9 +231,9 @@ def main(argv=None):
     import numpy as np
     import tensorflow as tf
 
-    from benchmarks import reference_encoder
     from benchmarks.results_io import header, save
     from benchmarks.timing import time_side_by_side
+    from keras_layers.demo import EncoderConfig, build_encoder
 
     if args.quick:
         config = (2000, 64, 1, 128, 4)
@@ -246,8 +246,9 @@ def main(argv=None):
         shapes = [(1, 128, 45), (8, 128, 15)]
     vocabulary, width, layers, intermediate, heads = config
     work = Path(tempfile.mkdtemp(prefix="export_bench_"))
-    model = reference_encoder.build(
-        vocabulary, width, layers, intermediate=intermediate, heads=heads
+    model = build_encoder(
+        EncoderConfig(vocabulary, width, layers, heads, intermediate, name="reference_encoder"),
+        seed=0,
     )
     model_path = work / "reference.keras"
     model.save(model_path)

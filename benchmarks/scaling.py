@@ -2,7 +2,7 @@
 
     python benchmarks/scaling.py [--quick]
 
-Two sweeps over the reference encoder (`benchmarks/reference_encoder.py`), each
+Two sweeps over the reference encoder (`keras_layers.demo.REFERENCE_ENCODER`), each
 exported our way (`export/`) in its own process and run in ONNX Runtime with the
 same session settings as `export_bench.py`:
 
@@ -29,10 +29,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import reference_encoder  # noqa: E402
 from benchmarks.export_bench import matmul_shapes, run_child, session  # noqa: E402
 from benchmarks.results_io import finish_figure, header, save  # noqa: E402
 from benchmarks.timing import time_side_by_side  # noqa: E402
+from keras_layers.demo import EncoderConfig, build_encoder  # noqa: E402
 
 FULL = {
     "lengths": [32, 64, 128, 256, 512, 1024, 2048],
@@ -60,7 +60,8 @@ def gflops(batch, length, config) -> float:
 
 def export(config, work: Path) -> tuple:
     vocabulary, width, layers, intermediate, heads = config
-    model = reference_encoder.build(vocabulary, width, layers, intermediate, heads)
+    config = EncoderConfig(vocabulary, width, layers, heads, intermediate, name="reference_encoder")
+    model = build_encoder(config, seed=0)
     model_path = work / f"encoder_{vocabulary}.keras"
     model.save(model_path)
     onnx_path = work / f"encoder_{vocabulary}.onnx"

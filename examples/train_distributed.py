@@ -221,7 +221,7 @@ def train(args) -> dict:
     import keras
     import numpy as np
 
-    from export.demo import DemoConfig, build_model, make_task
+    from keras_layers.demo.task import DemoConfig, build_model, make_task
 
     config = DemoConfig()
     ids, labels, weights = make_task(config, args.steps * args.batch_size, seed=0)

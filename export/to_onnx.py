@@ -1,21 +1,22 @@
-"""Export a Keras 3 model to ONNX and prove it matches: see `export/cli.py`.
+"""Export a Keras 3 model to ONNX and prove it matches (the README's command).
 
 Usage: python export/to_onnx.py [MODEL.keras] [-o OUT.onnx] [options]
+
+The same command as `keras-layers-export` and `python -m keras_layers.export`;
+run from a checkout, the demo's files go to `artifacts/demo/` in it.
 """
 
-import os
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    # Run as a script: import the `export` package from the repository root,
-    # not modules from this folder by their bare names.
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from export.cli import main, silence_native_stderr  # noqa: E402
+# Python puts this script's folder first on sys.path; nothing here is meant to
+# be imported from it, and a stray module there must not shadow a dependency.
+del sys.path[0]
+try:
+    from keras_layers.export.cli import run
+except ImportError as error:
+    sys.exit(f'error: {error}. From the checkout: pip install -e ".[export]"')
 
 if __name__ == "__main__":
-    if "--verbose" not in sys.argv:
-        silence_native_stderr()
-    sys.exit(main())
+    demo_dir = Path(__file__).resolve().parent.parent / "artifacts" / "demo"
+    sys.exit(run(prog="python export/to_onnx.py", demo_dir=demo_dir))

@@ -4,22 +4,14 @@ import keras
 import numpy as np
 
 from keras_layers import ScaledEmbedding, SinusoidalPositionEncoding, TiedOutputDense
+from keras_layers.demo import EncoderConfig, build_encoder
 
 VOCAB, WIDTH = 300, 32
 
 
 def tied_encoder(layers=2, name="tied_encoder"):
     """keras-hub TransformerEncoder stack between our embedding layers."""
-    import keras_hub
-
-    keras.utils.set_random_seed(7)
-    ids = keras.Input((None,), dtype="int32", name="token_ids")
-    embedding = ScaledEmbedding(VOCAB, WIDTH, mask_zero=True, name="embedding")
-    x = SinusoidalPositionEncoding()(embedding(ids))
-    for _ in range(layers):
-        x = keras_hub.layers.TransformerEncoder(intermediate_dim=64, num_heads=4)(x)
-    logits = TiedOutputDense(embedding, name="logits")(x)
-    return keras.Model(ids, logits, name=name)
+    return build_encoder(EncoderConfig(VOCAB, WIDTH, layers=layers, name=name), seed=7)
 
 
 def dict_model():

@@ -1,4 +1,4 @@
-"""The tf2onnx building blocks `export/converting.py` relies on are still there.
+"""The tf2onnx building blocks `keras_layers/export/converting.py` relies on are still there.
 
 They are public in the package but not documented as API, so a tf2onnx upgrade
 must be checked here first (pyproject pins tf2onnx below 1.18).
@@ -28,7 +28,7 @@ def test_tf2onnx_building_blocks_exist():
 def test_conversion_keeps_weights_inline_and_exact(tmp_path):
     import keras
 
-    from export import converting, loading, tracing
+    from keras_layers.export import converting, loading, tracing
 
     inputs = keras.Input((5,))
     dense = keras.layers.Dense(3, name="dense")
@@ -46,8 +46,8 @@ def test_conversion_keeps_weights_inline_and_exact(tmp_path):
 
 @pytest.mark.parametrize("opset", [12, 19, 99])
 def test_unsupported_opset_is_refused(opset):
-    from export.converting import check_opset
-    from export.errors import UsageError
+    from keras_layers.export.converting import check_opset
+    from keras_layers.export.errors import UsageError
 
     with pytest.raises(UsageError, match="unsupported"):
         check_opset(opset)
@@ -56,7 +56,7 @@ def test_unsupported_opset_is_refused(opset):
 def test_weights_become_initializers_named_by_keras_path(tmp_path):
     import keras
 
-    from export import converting, loading, tracing
+    from keras_layers.export import converting, loading, tracing
 
     inputs = keras.Input((5,))
     keras.Model(inputs, keras.layers.Dense(3, name="dense")(inputs)).save(tmp_path / "m.keras")
@@ -73,7 +73,7 @@ def test_attention_is_traced_as_batched_matmuls_and_restored(tmp_path):
     import keras_hub
     from keras.src.backend.tensorflow import nn
 
-    from export import converting, loading, slimming, tracing
+    from keras_layers.export import converting, loading, slimming, tracing
 
     original = nn._dot_product_attention_xla
     ids = keras.Input((None,), dtype="int32")
@@ -107,7 +107,7 @@ def test_select_keeps_selected_away_infinities_out(tmp_path):
     import keras
     import onnxruntime as ort
 
-    from export import converting, loading, tracing
+    from keras_layers.export import converting, loading, tracing
 
     x = keras.Input((4,), name="x")
     y = keras.ops.where(x > 0, keras.ops.log(x), 0.0)

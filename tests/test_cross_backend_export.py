@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from export import export_model
+from keras_layers.export import export_model
 
 # The export runs on TensorFlow; the models come from the other backends, which
 # the `backends` extra installs (CI runs these with -m cross_backend).
@@ -20,15 +20,10 @@ pytestmark = [pytest.mark.tensorflow_only, pytest.mark.cross_backend]
 TRAIN_AND_SAVE = textwrap.dedent(
     """
     import sys
-    import keras, keras_hub, numpy as np
-    from keras_layers import ScaledEmbedding, SinusoidalPositionEncoding, TiedOutputDense
+    import keras, numpy as np
+    from keras_layers.demo import EncoderConfig, build_encoder
 
-    keras.utils.set_random_seed(0)
-    ids = keras.Input((None,), dtype="int32", name="token_ids")
-    embedding = ScaledEmbedding(200, 32, mask_zero=True)
-    x = SinusoidalPositionEncoding()(embedding(ids))
-    x = keras_hub.layers.TransformerEncoder(intermediate_dim=64, num_heads=4)(x)
-    model = keras.Model(ids, TiedOutputDense(embedding, name="logits")(x))
+    model = build_encoder(EncoderConfig(200, 32, layers=1), seed=0)
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(0)
     data = rng.integers(1, 200, size=(64, 12)).astype("int32")

@@ -9,12 +9,15 @@ MODULES = [
     "keras_layers.scaled_embedding",
     "keras_layers.sinusoidal_position_encoding",
     "keras_layers.tied_output_dense",
+    "keras_layers.demo.encoder",
+    # The export pipeline runs on TensorFlow.
+    pytest.param("keras_layers.export.pipeline", marks=pytest.mark.tensorflow_only),
 ]
 
 
 @pytest.mark.parametrize("name", MODULES)
-def test_docstring_examples(name):
+def test_docstring_examples(name, tmp_path):
     module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, extraglobs={"tmp": tmp_path})
     assert result.attempted > 0, f"{name} has no examples"
     assert result.failed == 0

@@ -13,9 +13,9 @@ import onnxruntime as ort
 import pytest
 from models import dict_model, sample_ids, save, sequential_model, tied_encoder
 
-from export import ValidationFailed, export_model
-from export.cli import main
 from keras_layers import ScaledEmbedding, SinusoidalPositionEncoding, TiedOutputDense
+from keras_layers.export import ValidationFailed, export_model
+from keras_layers.export.cli import main
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 
@@ -158,7 +158,12 @@ def test_failed_validation_keeps_the_good_file(tmp_path, encoder_export):
     assert report["worst"]["max_abs_diff"] > 0
     assert Path(report["onnx_path"]) == tmp_path / "model.failed.onnx"
     assert (tmp_path / "model.failed.onnx").exists()
-    assert json.loads((tmp_path / "model.report.json").read_text())["passed"] is False
+    # The failed export's report sits beside its file; no report of the good
+    # file is overwritten.
+    assert not (tmp_path / "model.report.json").exists()
+    failed_report = tmp_path / "model.report.failed.json"
+    assert json.loads(failed_report.read_text())["passed"] is False
+    assert report["report_path"] == str(failed_report)
     assert "logits" in str(raised.value) and "8x64" in str(raised.value)
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert leftovers == []
@@ -168,7 +173,7 @@ def test_tampered_graph_fails_validation(tmp_path, monkeypatch, encoder_export):
     """A wrong weight in the file is caught at the default tolerances."""
     from onnx import numpy_helper
 
-    from export import slimming
+    from keras_layers.export import slimming
 
     real_slim = slimming.slim
 
@@ -223,7 +228,7 @@ def test_readme_inference_snippet_runs(encoder_export, monkeypatch, tmp_path):
     ]
     monkeypatch.chdir(tmp_path)
     namespace = {}
-    exec(snippet.replace("model.onnx", str(output)), namespace)
+    exec(snippet.replace("artifacts/demo/demo_encoder.onnx", str(output)), namespace)
     assert namespace["logits"].shape[-1] == 300
 
 
@@ -244,10 +249,13 @@ def test_script_runs_from_a_shell_without_traceback(tmp_path):
 
 
 def test_demo_default_run_trains_exports_and_reuses(tmp_path, monkeypatch, capsys):
-    """`python export/to_onnx.py` with no arguments: the README's main job."""
+    """The command with no arguments: the README's main job. Its files go to
+    `$KERAS_LAYERS_HOME/demo`, never to the working directory."""
+    monkeypatch.setenv("KERAS_LAYERS_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     assert main([]) == 0
-    report_path = tmp_path / "artifacts" / "demo" / "demo_encoder.report.json"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]
+    report_path = tmp_path / "home" / "demo" / "demo_encoder.report.json"
     report = json.loads(report_path.read_text())
     assert report["passed"]
     assert report["demo"]["masked_token_accuracy"] >= 0.90
@@ -269,7 +277,7 @@ def test_demo_default_run_trains_exports_and_reuses(tmp_path, monkeypatch, capsy
 def test_int8_copy_stores_the_tied_matrix_once(tmp_path, encoder_export):
     from onnx import TensorProto
 
-    from export import quantizing
+    from keras_layers.export import quantizing
 
     _, output, report = encoder_export
     target = tmp_path / "int8.onnx"
@@ -308,7 +316,7 @@ def test_fusions_leave_unmatched_graphs_alone():
     """A mean over the first axis is not a LayerNorm and must not be fused."""
     from onnx import TensorProto, helper
 
-    from export import fusions
+    from keras_layers.export import fusions
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
@@ -408,7 +416,7 @@ def test_fused_attention_masks_padded_rows_as_keras_does():
     Its logits here reach the hundreds: adding -1e9 to mask them would not give
     that (-1e9 + 40 rounds to -1e9 + 64, so the largest logit would win).
     """
-    from export import fusions
+    from keras_layers.export import fusions
 
     heads, size, length = 2, 4, 5
     proto = _traced_attention_graph(heads, size)
@@ -468,3 +476,57 @@ def test_causal_decoder_attention_is_fused_and_validates(tmp_path):
     report = export_model(model_path, tmp_path / "decoder.onnx", shapes=QUICK_SHAPES)
     assert report["passed"]
     assert report["graph"]["fused"]["MultiHeadAttention"] == 1
+
+
+def test_a_model_in_memory_exports_without_saving_it_first(tmp_path):
+    model = tied_encoder(layers=1, name="in_memory")
+    report = export_model(model, tmp_path / "mem.onnx", shapes=[(2, 5), "padded"])
+    assert report["passed"]
+    assert report["source_model"] == "in memory: in_memory"
+    session = ort.InferenceSession(str(tmp_path / "mem.onnx"), providers=["CPUExecutionProvider"])
+    ids = sample_ids(2, 5)
+    (logits,) = session.run(None, {"token_ids": ids})
+    np.testing.assert_allclose(logits, keras.ops.convert_to_numpy(model(ids)), atol=1e-4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mem.onnx", "mem.report.json"]
+
+
+def test_a_mixed_precision_model_in_memory_is_exported_in_float32(tmp_path, policy):
+    policy("mixed_float16")
+    model = tied_encoder(layers=1)
+    policy("float32")
+    report = export_model(model, tmp_path / "half.onnx", shapes=[(2, 5)])
+    assert report["passed"] and "mixed_float16" in report["exported_from_policies"]
+    assert model.get_layer("token_embedding").dtype_policy.name == "mixed_float16"  # untouched
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"opset": 99}, ["opset=99", "unsupported"]),
+        ({"quantize": "int4"}, ["quantize='int4'", "int8"]),
+        ({"external_data": "sometimes"}, ["external_data='sometimes'", "auto"]),
+        ({"atol": -1.0}, ["atol=-1.0", ">= 0"]),
+        ({"rtol": float("nan")}, ["rtol=nan", "finite"]),
+        ({"shapes": [(0, 3)]}, ["shapes=[(0, 3)]", "positive"]),
+        ({"shapes": []}, ["shapes=[]", "non-empty"]),
+        ({"imports": ["no_such_module_xyz"]}, ["imports='no_such_module_xyz'"]),
+    ],
+)
+def test_api_errors_name_the_api_argument(tmp_path, kwargs, words):
+    from keras_layers.export import UsageError
+
+    model = tied_encoder(layers=1)
+    with pytest.raises(UsageError) as raised:
+        export_model(model, tmp_path / "x.onnx", **kwargs)
+    message = str(raised.value)
+    for word in words:
+        assert word in message, message
+    assert "--" not in message  # no command-line flags in an API error
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_api_refuses_what_is_not_a_model(tmp_path):
+    from keras_layers.export import UsageError
+
+    with pytest.raises(UsageError, match="expected a keras.Model or the path"):
+        export_model(42, tmp_path / "x.onnx")

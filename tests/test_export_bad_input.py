@@ -11,7 +11,7 @@ import keras
 import pytest
 from models import lambda_model, save, sequential_model
 
-from export.cli import main
+from keras_layers.export.cli import main
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 
@@ -67,11 +67,6 @@ CASES = {
     "corrupt archive": (lambda d, g: [make_corrupt(d, g)], ["corrupt"]),
     "zip without config": (lambda d, g: [make_no_config(d)], ["no config.json"]),
     "directory as model": (lambda d, g: [d], ["is a directory"]),
-    "malformed --shapes": (
-        lambda d, g: [g, "--shapes", "2by7"],
-        ["--shapes", "BATCHxSEQ"],
-    ),
-    "zero in --shapes": (lambda d, g: [g, "--shapes", "0x7"], ["--shapes"]),
     "unknown --opset": (
         lambda d, g: [g, "--opset", "99"],
         ["--opset 99", "unsupported"],
@@ -106,13 +101,29 @@ def test_bad_input_is_one_line_and_exit_2(case, tmp_path, good_model, capsys):
 
 
 @pytest.mark.parametrize(
-    "argv", [["--atol", "-1"], ["--rtol", "nan"], ["--atol", "abc"], ["--bogus"]]
+    "argv, phrase",
+    [
+        (["--atol", "-1"], "--atol"),
+        (["--rtol", "nan"], "--rtol"),
+        (["--atol", "abc"], "--atol"),
+        (["--bogus"], "--bogus"),
+        (["--shapes", "2by7"], "BATCHxSEQ"),
+        (["--shapes", "0x7"], "--shapes"),
+        (["--shapes", "99999999999x99999999999"], "--shapes"),
+    ],
 )
-def test_bad_flags_exit_2(argv, good_model, capsys):
+def test_bad_flags_exit_2(argv, phrase, good_model, capsys):
     with pytest.raises(SystemExit) as raised:
         main([str(good_model), *argv])
     assert raised.value.code == 2
-    assert "error:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error:" in err and phrase in err
+
+
+def test_a_grid_point_too_large_to_check_is_refused_before_any_work(good_model, capsys):
+    code, _, err = run_cli(capsys, good_model, "--shapes", "100000x100000")
+    assert code == 2
+    assert_one_clear_line(err, "--shapes", "tokens")
 
 
 def test_lambda_is_refused_in_safe_mode_and_allowed_with_unsafe(tmp_path, capsys):

@@ -129,17 +129,14 @@ def test_tied_logits_match_reference(
 def test_random_encoders_export_and_validate(
     tmp_path_factory, vocabulary, heads, head_width, layers, layout, use_bias
 ):
-    import keras_hub
-
-    from export import export_model
+    from keras_layers.demo import EncoderConfig, build_encoder
+    from keras_layers.export import export_model
 
     width = heads * head_width
-    ids = keras.Input((None,), dtype="int32", name="token_ids")
-    embedding = ScaledEmbedding(vocabulary, width, mask_zero=True)
-    x = SinusoidalPositionEncoding(layout=layout)(embedding(ids))
-    for _ in range(layers):
-        x = keras_hub.layers.TransformerEncoder(intermediate_dim=2 * width, num_heads=heads)(x)
-    model = keras.Model(ids, TiedOutputDense(embedding, use_bias=use_bias)(x))
+    config = EncoderConfig(
+        vocabulary, width, layers, heads, 2 * width, layout=layout, output_bias=use_bias
+    )
+    model = build_encoder(config)
     directory = tmp_path_factory.mktemp("random_encoder")
     model.save(directory / "m.keras")
     report = export_model(directory / "m.keras", directory / "m.onnx", shapes=[(2, 9), "padded"])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from arrays import as_numpy
 
-from keras_layers import ScaledEmbedding, SinusoidalPositionEncoding, TiedOutputDense
+from keras_layers.demo import EncoderConfig, build_encoder
 
 keras_hub = pytest.importorskip("keras_hub")
 
@@ -15,12 +15,7 @@ VOCAB, WIDTH, LAYERS = 200, 32, 4
 
 
 def ours():
-    ids = keras.Input((None,), dtype="int32")
-    embedding = ScaledEmbedding(VOCAB, WIDTH, mask_zero=True)
-    x = SinusoidalPositionEncoding()(embedding(ids))
-    for _ in range(LAYERS):
-        x = keras_hub.layers.TransformerEncoder(intermediate_dim=64, num_heads=4)(x)
-    return keras.Model(ids, TiedOutputDense(embedding)(x))
+    return build_encoder(EncoderConfig(VOCAB, WIDTH, layers=LAYERS))
 
 
 def hand_written():

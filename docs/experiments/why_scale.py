@@ -9,7 +9,7 @@ encoding is added? This script measures the three things the answer depends on:
    norm of the sinusoidal encoding, for several widths and initialisers;
 2. the tied output: how large the logits `h E^T` are at initialisation, with and
    without sharing the embedding matrix;
-3. training: the demo counting task (export/demo.py) with the scale and the tie
+3. training: the demo counting task (keras_layers/demo/task.py) with the scale and the tie
    switched on and off, three seeds each.
 
 It also draws the encoding itself. Figures go to docs/figures/*.png and every
@@ -54,19 +54,19 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing the package
 
-from export.demo import (  # noqa: E402
+from keras_layers import (  # noqa: E402
+    ScaledEmbedding,
+    SinusoidalPositionEncoding,
+    TiedOutputDense,
+)
+from keras_layers.demo.task import (  # noqa: E402
     FIRST_TOKEN,
     DemoConfig,
     build_model,
     make_task,
     masked_accuracy,
 )
-from export.demo import compile_for_training as compile_demo  # noqa: E402
-from keras_layers import (  # noqa: E402
-    ScaledEmbedding,
-    SinusoidalPositionEncoding,
-    TiedOutputDense,
-)
+from keras_layers.demo.task import compile_for_training as compile_demo  # noqa: E402
 from keras_layers.sinusoidal_position_encoding import channel_frequencies  # noqa: E402
 
 FIGURES = ROOT / "docs" / "figures"
@@ -275,7 +275,7 @@ def initial_scales(config, scaled: bool, tied: bool, init_std: str) -> dict:
 
 
 def build_variant(config, scaled: bool, tied: bool, init_std: str):
-    """The demo model (export/demo.py) with the embedding end and the output swapped."""
+    """The demo model (keras_layers/demo/task.py) with the embedding end and the output swapped."""
     demo = build_model(config)  # only its encoder layers and final norm are reused
     body = [layer for layer in demo.layers if layer.name.startswith("encoder_")]
     body.append(demo.get_layer("final_norm"))

@@ -2,11 +2,11 @@
 
 `tf2onnx.convert.from_function` runs tf2onnx's twelve ONNX optimizers in a loop
 until nothing changes, deep-copying the whole graph before each one (to roll back
-a failing optimizer) and re-serialising every node after it. On the 11M-parameter
-reference encoder that is 4 sweeps x 12 passes: 30+ s and 4.7 GB of RSS, most of
-the export. This stage runs the same steps as `from_function` (freeze, convert
-with `process_tf_graph`, optimize, `make_model`) but runs each optimizer once.
-The weights are inputs of the traced function (`export/tracing.py`), so the
+a failing optimizer) and re-serialising every node after it: most of an
+export's time and memory (measured in docs/performance.md). This stage runs
+the same steps as `from_function` (freeze, convert with `process_tf_graph`,
+optimize, `make_model`) but runs each optimizer once.
+The weights are inputs of the traced function (`keras_layers/export/tracing.py`), so the
 frozen graph holds no weight constants; they become initializers at the end
 (`_weights_to_initializers`). The few large constants the graph still has stay
 out of the node protos (tf2onnx's `large_model` storage) until `make_model`.
@@ -18,15 +18,16 @@ Default opset 18: the newest tf2onnx 1.16-1.17 emits, run by every
 onnxruntime since 1.14.
 """
 
-import logging
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
-from export.errors import ConversionError, UsageError
-from export.tracing import TracedModel
+from keras_layers.export.errors import ConversionError, UsageError, argument
+from keras_layers.export.tracing import TracedModel
 
 DEFAULT_OPSET = 18
 MIN_OPSET = 13
@@ -54,27 +55,28 @@ def check_opset(opset: int) -> int:
     opsets = supported_opsets()
     if opset not in opsets:
         raise UsageError(
-            f"--opset {opset}: unsupported; choose {opsets.start}-{opsets.stop - 1} "
+            f"{argument('opset', opset)}: unsupported; choose {opsets.start}-{opsets.stop - 1} "
             f"(default {DEFAULT_OPSET})"
         )
     return opset
 
 
-class _Collect(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.ERROR)
-        self.messages = []
+def _unconverted(graph) -> list[tuple[str, str]]:
+    """(TF node, op) pairs tf2onnx left as TensorFlow ops: nodes of the ONNX
+    domain whose type is no ONNX operator (`onnx.defs.has`), in `graph` (a
+    GraphProto) and in the bodies of its Loop, If and Scan nodes."""
+    from onnx import AttributeProto, defs
 
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
-def _unsupported_ops(messages):
-    """(node, op) pairs tf2onnx reported it cannot convert."""
     found = []
-    for message in messages:
-        pattern = r"Tensorflow op \[([^\]]+): ([^\]]+)\] is not supported"
-        found.extend(re.findall(pattern, message))
+    for node in graph.node:
+        if node.domain in ("", "ai.onnx") and not defs.has(node.op_type):
+            found.append((node.name, node.op_type))
+        for attribute in node.attribute:
+            if attribute.type == AttributeProto.GRAPH:
+                found.extend(_unconverted(attribute.g))
+            elif attribute.type == AttributeProto.GRAPHS:
+                for body in attribute.graphs:
+                    found.extend(_unconverted(body))
     return found
 
 
@@ -144,17 +146,31 @@ def _weights_to_initializers(proto, traced: TracedModel) -> None:
                 node.input[position] = names[value]
 
 
+@contextmanager
+def _numpy_product_alias() -> Iterator[None]:
+    """`np.product` for the duration of one conversion.
+
+    tf2onnx 1.17's external tensor storage still calls `np.product`, which
+    NumPy 2 removed; it is `np.prod` under its old name. The alias is taken
+    away again, so it never outlives the export call.
+    """
+    if hasattr(np, "product"):
+        yield
+        return
+    np.product = np.prod
+    try:
+        yield
+    finally:
+        del np.product
+
+
 def _tf2onnx(traced: TracedModel, opset: int):
     import tensorflow as tf
     from tf2onnx import convert, optimizer, tf_loader, tf_utils, tfonnx
     from tf2onnx.graph import ExternalTensorStorage
 
-    import export.op_handlers  # noqa: F401 - registers handlers with tf2onnx
+    from keras_layers.export.op_handlers import HANDLERS
 
-    if not hasattr(np, "product"):
-        # tf2onnx 1.17's external tensor storage still calls np.product, which
-        # NumPy 2 removed; it is np.prod under its old name.
-        np.product = np.prod
     concrete = traced.function.get_concrete_function(*traced.signature)
     inputs = [t.name for t in concrete.inputs if t.dtype != tf.dtypes.resource]
     outputs = [t.name for t in concrete.outputs if t.dtype != tf.dtypes.resource]
@@ -173,32 +189,34 @@ def _tf2onnx(traced: TracedModel, opset: int):
             output_names=outputs,
             const_node_values=constants,
             tensors_to_rename=renames,
+            custom_op_handlers=HANDLERS,
         )
         for iteration, factory in enumerate(optimizer._get_optimizers().values()):
             graph = factory().optimize(graph, iteration) or graph
         graph.topological_sort(graph.get_nodes())
-        proto = graph.make_model(concrete.name, external_tensor_storage=storage)
+        with _numpy_product_alias():
+            proto = graph.make_model(concrete.name, external_tensor_storage=storage)
+    unconverted = _unconverted(proto.graph)
+    if unconverted:
+        raise ConversionError(_unsupported_message(unconverted))
     _inline_external_tensors(proto, storage)
     _weights_to_initializers(proto, traced)
     return proto
 
 
 def convert(traced: TracedModel, opset: int = DEFAULT_OPSET) -> ConvertedModel:
+    """Convert the traced function to an ONNX proto with its weights as initializers.
+
+    Raises:
+        ConversionError: tf2onnx left an op unconverted (the message names the
+            op and the Keras layer it came from), or failed.
+    """
     check_opset(opset)
-    collector = _Collect()
-    logger = logging.getLogger("tf2onnx")
-    logger.addHandler(collector)
     start = time.perf_counter()
     try:
         proto = _tf2onnx(traced, opset)
+    except ConversionError:
+        raise
     except Exception as error:  # noqa: BLE001 - translated below
-        unsupported = _unsupported_ops(collector.messages)
-        if unsupported:
-            raise ConversionError(_unsupported_message(unsupported)) from error
         raise ConversionError(f"tf2onnx failed: {type(error).__name__}: {error}") from error
-    finally:
-        logger.removeHandler(collector)
-    unsupported = _unsupported_ops(collector.messages)
-    if unsupported:
-        raise ConversionError(_unsupported_message(unsupported))
     return ConvertedModel(proto, opset, time.perf_counter() - start)

@@ -1,4 +1,4 @@
-"""The embedded demo: a small encoder built from our layers, trained in seconds.
+"""The demo task: the small tied encoder (`build_encoder`) trained in a minute.
 
 The task is generated in code, so nothing is downloaded. Each sequence counts up
 from a random token (`a, a+1, a+2, ...`, wrapping around the vocabulary) and 15%
@@ -11,10 +11,13 @@ with id 0, which exercises the padding mask.
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+from keras_layers.demo.encoder import EncoderConfig, build_encoder
 
 PAD, MASK, FIRST_TOKEN = 0, 1, 2
 
@@ -36,6 +39,19 @@ class DemoConfig:
     learning_rate: float = 5e-3
     seed: int = 0
 
+    def encoder(self) -> EncoderConfig:
+        """The model part of the config, for `build_encoder`."""
+        return EncoderConfig(
+            vocabulary=self.vocabulary,
+            width=self.width,
+            layers=self.layers,
+            heads=self.heads,
+            intermediate=self.intermediate,
+            normalize_first=True,
+            final_norm=True,
+            name="demo_encoder",
+        )
+
 
 def make_task(config: DemoConfig, count: int, seed: int):
     """Counting sequences with masked tokens: (ids, labels, weights)."""
@@ -56,31 +72,8 @@ def make_task(config: DemoConfig, count: int, seed: int):
 
 
 def build_model(config: DemoConfig):
-    """ScaledEmbedding -> SinusoidalPositionEncoding -> encoders -> TiedOutputDense."""
-    import keras
-    import keras_hub
-
-    from keras_layers import (
-        ScaledEmbedding,
-        SinusoidalPositionEncoding,
-        TiedOutputDense,
-    )
-
-    token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
-    embedding = ScaledEmbedding(
-        config.vocabulary, config.width, mask_zero=True, name="token_embedding"
-    )
-    hidden = SinusoidalPositionEncoding(name="position_encoding")(embedding(token_ids))
-    for index in range(config.layers):
-        hidden = keras_hub.layers.TransformerEncoder(
-            intermediate_dim=config.intermediate,
-            num_heads=config.heads,
-            normalize_first=True,
-            name=f"encoder_{index}",
-        )(hidden)
-    hidden = keras.layers.LayerNormalization(name="final_norm")(hidden)
-    logits = TiedOutputDense(embedding, name="logits")(hidden)
-    return keras.Model(token_ids, logits, name="demo_encoder")
+    """The demo's encoder: pre-LayerNorm blocks and a final norm (see `build_encoder`)."""
+    return build_encoder(config.encoder())
 
 
 def compile_for_training(model, config: DemoConfig, steps: int, loss=None) -> None:
@@ -110,9 +103,30 @@ def masked_accuracy(model, ids, labels, weights) -> float:
     return float(hits.sum() / weights.sum())
 
 
-def train(path: Path, config: DemoConfig | None = None, verbose: bool = True) -> dict:
-    """Train the demo, save it to `path` and its metrics beside it; return them."""
+def train(
+    path: Path,
+    config: DemoConfig | None = None,
+    on_step: Callable[[int, int], None] | None = None,
+) -> dict:
+    """Train the demo, save it to `path` and its metrics beside it; return them.
+
+    Args:
+        path: the `.keras` file to write (its folder is created).
+        config: the task and model (default `DemoConfig()`).
+        on_step: called as `on_step(done, total)` after each optimizer step.
+
+    Returns:
+        The metrics also written to `metrics_path(path)`: held-out masked-token
+        accuracy, training seconds and the config.
+    """
     import keras
+
+    class StepCallback(keras.callbacks.Callback):
+        done = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.done += 1
+            on_step(self.done, steps)
 
     config = config or DemoConfig()
     keras.utils.set_random_seed(config.seed)
@@ -128,7 +142,8 @@ def train(path: Path, config: DemoConfig | None = None, verbose: bool = True) ->
         sample_weight=weights,
         batch_size=config.batch_size,
         epochs=config.epochs,
-        verbose=1 if verbose else 0,
+        verbose=0,
+        callbacks=[StepCallback()] if on_step else [],
     )
     seconds = time.perf_counter() - start
     metrics = {

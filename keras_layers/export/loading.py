@@ -10,7 +10,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from export.errors import ModelLoadError, UsageError
+from keras_layers.export.errors import ModelLoadError, UsageError, argument, fix
 
 # Dtype policies whose variables are float32 but whose compute is half
 # precision, and pure half-precision policies: all are exported in float32.
@@ -53,7 +53,7 @@ class LoadedModel:
     """The output of `load`: the model and what the later stages need to know."""
 
     model: object
-    path: Path
+    path: Path | None  # None for a model passed in memory
     inputs: list
     outputs: list
     input_structure: str  # "single", "list" or "dict"
@@ -62,17 +62,37 @@ class LoadedModel:
     param_bytes: int = 0
 
 
+# Imported before any user module, so that a file named like one of them in the
+# user's folder (`onnxruntime.py`) can never stand in for it.
+_DEPENDENCIES = ("tensorflow", "tf2onnx", "onnx", "onnxruntime", "onnxslim", "keras_hub")
+
+
 def import_modules(names: list) -> None:
-    """Import user modules that register custom layers (`--import`)."""
-    if os.getcwd() not in sys.path:
+    """Import user modules that register custom layers (`imports`).
+
+    The working directory is searched for them, and only for them: it joins
+    `sys.path` after every dependency is imported and leaves it afterwards.
+    A module that raises, or calls `sys.exit`, is a usage error.
+    """
+    if not names:
+        return
+    for dependency in _DEPENDENCIES:
+        importlib.import_module(dependency)
+    added = os.getcwd() not in sys.path
+    if added:
         sys.path.insert(0, os.getcwd())
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except Exception as error:  # noqa: BLE001 - any import failure is the user's
-            raise UsageError(
-                f"--import {name}: cannot import it ({type(error).__name__}: {error})"
-            ) from error
+    try:
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except (Exception, SystemExit) as error:  # noqa: BLE001 - the user's module
+                raise UsageError(
+                    f"{argument('imports', name)}: cannot import it "
+                    f"({type(error).__name__}: {error})"
+                ) from error
+    finally:
+        if added and os.getcwd() in sys.path:
+            sys.path.remove(os.getcwd())
 
 
 def _check_archive(path: Path) -> None:
@@ -160,13 +180,13 @@ def _explain_load_error(path: Path, error: Exception) -> str:
     if match:
         return (
             f"{path}: unknown layer or object '{match.group(1)}'. Import the module "
-            "that defines and registers it with --import MODULE."
+            f"that defines and registers it with {fix('imports')}."
         )
     if "safe_mode" in text and "Lambda" in text:
         return (
             f"{path}: the model holds a Lambda layer (Python code stored in the "
             "file), which Keras' safe mode refuses to load because it can run "
-            "arbitrary code. If you trust the file, pass --unsafe."
+            f"arbitrary code. If you trust the file, pass {fix('unsafe')}."
         )
     lines = [line for line in text.strip().splitlines() if line.strip()]
     detail = lines[0][:300] if lines else type(error).__name__
@@ -301,26 +321,67 @@ def _unique_param_bytes(model) -> int:
     return total
 
 
-def load(path, imports=(), unsafe=False) -> LoadedModel:
-    """Load `path` with Keras (safe mode unless `unsafe`) in float32."""
+def _half_policies(model) -> list:
+    names = {getattr(layer.dtype_policy, "name", None) for layer in model._flatten_layers()}
+    return sorted(names & set(_HALF_POLICIES))
+
+
+def _load_archive(path: Path, unsafe: bool):
+    """Keras' `load_model` on a float32 copy of the archive's config."""
     import keras
 
-    import keras_layers  # noqa: F401 - registers our layers for deserialisation
-
-    path = Path(path)
-    _check_archive(path)
-    import_modules(list(imports))
     with tempfile.TemporaryDirectory() as workdir:
         source, replaced = _float32_archive(path, Path(workdir))
         try:
             model = keras.saving.load_model(source, compile=False, safe_mode=not unsafe)
         except Exception as error:  # noqa: BLE001 - translated for the user
             raise ModelLoadError(_explain_load_error(path, error)) from error
-    if not isinstance(model, keras.Model):
-        raise ModelLoadError(f"{path}: holds a {type(model).__name__}, not a model")
+    return model, replaced
+
+
+def _in_float32(model, unsafe: bool):
+    """The in-memory `model` itself, or a float32 copy when it computes in half
+    precision (saved to a temporary archive and loaded back, as from a file)."""
+    if not _half_policies(model):
+        return model, []
+    with tempfile.TemporaryDirectory() as workdir:
+        path = Path(workdir) / "model.keras"
+        try:
+            model.save(path)
+        except Exception as error:  # noqa: BLE001 - translated for the user
+            raise ModelLoadError(
+                f"{argument('model')}: a mixed-precision model is exported in float32 "
+                f"through a saved copy, and saving it failed ({type(error).__name__}: "
+                f"{error}); make its custom layers serializable (get_config)"
+            ) from error
+        return _load_archive(path, unsafe)
+
+
+def load(model, imports=(), unsafe=False) -> LoadedModel:
+    """Load a `.keras` path (safe mode unless `unsafe`), or take a model in
+    memory, in float32, and describe its inputs and outputs."""
+    import keras
+
+    import keras_layers  # noqa: F401 - registers our layers for deserialisation
+
+    import_modules(list(imports))
+    if isinstance(model, keras.Model):
+        path = None
+        model, replaced = _in_float32(model, unsafe)
+    elif isinstance(model, str | os.PathLike):
+        path = Path(model)
+        _check_archive(path)
+        model, replaced = _load_archive(path, unsafe)
+        if not isinstance(model, keras.Model):
+            raise ModelLoadError(f"{path}: holds a {type(model).__name__}, not a model")
+    else:
+        raise UsageError(
+            f"{argument('model')}: expected a keras.Model or the path of a .keras file, "
+            f"got {type(model).__name__}"
+        )
     inputs, outputs, input_structure, output_structure = _describe(model)
     if not inputs:
-        raise ModelLoadError(f"{path}: the model has no inputs")
+        raise ModelLoadError(f"{path or argument('model')}: the model has no inputs")
     return LoadedModel(
         model=model,
         path=path,

@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx
 from onnx import helper, numpy_helper
 
-from export.slimming import deduplicate_initializers
+from keras_layers.export.slimming import deduplicate_initializers
 
 QUANTIZED_OPS = ["MatMul", "Gather"]
 

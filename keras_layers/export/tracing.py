@@ -19,7 +19,7 @@ inputs into initializers holding the variables' values.
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from export.loading import LoadedModel, flatten, unique_variables
+from keras_layers.export.loading import LoadedModel, flatten, unique_variables
 
 WEIGHT_PREFIX = "__weight_"
 
@@ -54,7 +54,7 @@ def _attention_as_batched_matmuls():
     written as `transpose` + `matmul` reach ONNX as four `Transpose` and two
     `MatMul` nodes (412 -> 249 nodes in all), and the padding mask selects the
     logits in one `Where` instead of Keras' expand-then-select (249 -> 204,
-    with the `SelectV2` handler in `export.op_handlers`). The large negative
+    with the `SelectV2` handler in `keras_layers.export.op_handlers`). The large negative
     value, scaling and softmax stay Keras' own, so the result differs only in
     float summation order, and the export's validation checks it like
     everything else. If a Keras release renames the private function this

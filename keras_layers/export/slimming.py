@@ -4,7 +4,7 @@
    copies of weights that only feed `Shape`).
 2. Repeated weights are stored once. The trace stage already keeps a tied
    embedding from being folded into a second, transposed constant (see
-   `export/tracing.py`); this pass catches what other graphs repeat (equal
+   `keras_layers/export/tracing.py`); this pass catches what other graphs repeat (equal
    LayerNorm scales, a transposed copy a model computes itself). No maintained
    tool deduplicates a transposed copy (onnxslim and onnxoptimizer compare
    tensors only as they are), so this stage does it: an exact duplicate is
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from export import fusions
-from export.loading import TensorInfo
+from keras_layers.export import fusions
+from keras_layers.export.loading import TensorInfo
 
 # Tensors smaller than this are not worth hashing.
 _MIN_DEDUPE_ELEMENTS = 64

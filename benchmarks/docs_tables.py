@@ -1,0 +1,371 @@
+"""Render the tables of docs/performance.md from the benchmark results they report.
+
+    python benchmarks/docs_tables.py            # rewrite the page's tables in place
+    python benchmarks/docs_tables.py --check    # exit 1, naming each table that differs
+
+The page's numbers used to be copied by hand from benchmarks/results/*.json, and
+a hand copy drifts: a number mistyped, or a new run saved without the page
+updated. Each table now sits between `<!-- table: NAME -->` and `<!-- /table -->`
+and is rewritten from the JSON, and tests/test_docs_tables.py fails while the
+page and the JSON disagree. NAME is `<results file stem>.<table>`: the part
+before the dot names the JSON file the table is read from.
+
+Only what the JSON does not hold is written here: the page's row labels where
+they differ from the JSON's keys, and the targets of the ratio table. The text
+around the tables (including the numbers it quotes) is the author's, untouched.
+Reading the results must not start TensorFlow, so only benchmark modules that
+import nothing heavy at import time are used (see `scaling_by_length_table`).
+"""
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# export_bench and results_io import only the standard library at import time.
+from benchmarks.export_bench import ratios  # noqa: E402
+from benchmarks.results_io import RESULTS  # noqa: E402
+
+PAGE = ROOT / "docs" / "performance.md"
+MARKED_TABLE = re.compile(
+    r"^<!-- table: (?P<name>[\w.]+) -->\n(?P<body>.*?)^<!-- /table -->$", flags=re.S | re.M
+)
+
+
+def markdown_table(header: list, right_aligned: list, rows: list) -> str:
+    """The table as the page writes it: `|---|` for text columns, `|---:|` for numbers.
+
+    An empty cell is written `|  |`, every table alike.
+    """
+    align = "|" + "|".join("---:" if right else "---" for right in right_aligned) + "|"
+    lines = ["| " + " | ".join(cells) + " |" for cells in [header, *rows]]
+    return "\n".join([lines[0], align, *lines[1:]])
+
+
+def _optional(value, spec: str) -> str:
+    """`value` formatted, or an empty cell where the benchmark measured nothing (None)."""
+    return "" if value is None else format(value, spec)
+
+
+# --- export_bench.json -------------------------------------------------------
+
+# The page's names for the exported files, where they say more than the JSON's keys.
+FILE_LABELS = {
+    "plain": "plain tf2onnx (`from_function`, as Keras' `model.export`)",
+    "ours": "ours (float32)",
+    "ours int8": "ours, `--quantize int8`",
+}
+# export_bench.py times only the quantization for the int8 file (it starts from
+# our float32 file, in the benchmark's own process, so no peak RSS of its own).
+EXPORT_TIME_NOTES = {"ours int8": " (quantize only)"}
+
+
+def export_bench_files_table(report: dict) -> str:
+    """Size, export cost and load time of each file of `export_bench.py`."""
+    header = [
+        "file",
+        "MB",
+        "x parameter bytes",
+        "export s",
+        "export peak RSS MB",
+        "session load s",
+    ]
+    rows = [
+        [
+            FILE_LABELS.get(kind, kind),
+            f"{row['file_bytes'] / 1e6:.2f}",
+            f"{row['size_ratio']:.3f}",
+            f"{row['seconds']:.1f}" + EXPORT_TIME_NOTES.get(kind, ""),
+            _optional(row["peak_rss_mb"], ".0f"),
+            f"{row['load_seconds']:.3f}",
+        ]
+        for kind, row in report["files"].items()
+    ]
+    return markdown_table(header, [False] + [True] * 5, rows)
+
+
+# The page's names for the matmul bounds, which say which operands the bound
+# feeds; the other paths appear under their JSON keys.
+LATENCY_LABELS = {
+    "matmul bound": "matmul bound (operands fed)",
+    "matmul bound, prepacked": "matmul bound, weights prepacked",
+    "int8 matmul bound, prepacked": "int8 matmul bound, weights prepacked",
+    "int8 product bound (A pre-quantized)": "int8 product bound (activations pre-quantized)",
+}
+
+
+def export_bench_latency_table(report: dict) -> str:
+    """Median and p90 milliseconds of every path at every shape, shapes side by side."""
+    shapes = list(report["latency_ms"])
+    header = ["path"] + [f"{shape} {stat}" for shape in shapes for stat in ("median", "p90")]
+    paths = list(report["latency_ms"][shapes[0]])
+    rows = []
+    for path in paths:
+        cells = [LATENCY_LABELS.get(path, path)]
+        for shape in shapes:
+            timing = report["latency_ms"][shape][path]
+            cells += [f"{timing['median_ms']:.1f}", _optional(timing["p90_ms"], ".1f")]
+        rows.append(cells)
+    return markdown_table(header, [False] + [True] * (2 * len(shapes)), rows)
+
+
+@dataclass(frozen=True)
+class RatioRow:
+    """One row of the ratio table: which ratio, and the target it is held to.
+
+    `label` is the page's name, `key` the name `export_bench.ratios` gives it.
+    `comparison` and `bound` are the performance issue's target (None: no
+    target); `remark` follows the target on the page. `note` goes in the "met"
+    column where the target is missed or there is none, to say what the ratio
+    means instead.
+    """
+
+    label: str
+    key: str
+    comparison: str | None = None
+    bound: float | None = None
+    remark: str = ""
+    note: str = ""
+
+    def target(self) -> str:
+        bound = f"{self.comparison} {self.bound:.2f}" if self.comparison else ""
+        return " ".join(part for part in (bound, self.remark) if part)
+
+    def met(self, value: float) -> str:
+        if self.comparison is None:
+            return self.note
+        held = value <= self.bound if self.comparison == "<=" else value >= self.bound
+        if held:
+            return "yes"
+        return "**no**" + (f": {self.note}" if self.note else "")
+
+
+# The targets come from the performance issue, not from the JSON; the rows are
+# the page's selection of `export_bench.ratios` (it leaves out the 1x128 int8 rows).
+RATIO_ROWS = [
+    RatioRow("export time ours/plain", "export time ours/plain", "<=", 0.50),
+    RatioRow("export peak memory ours/plain", "export peak memory ours/plain", "<=", 0.50),
+    RatioRow(
+        "int8 file / float32 parameter bytes", "int8 file / float32 parameter bytes", "<=", 0.30
+    ),
+    RatioRow("1x128 ours / matmul bound", "1x128 ours / matmul bound", "<=", 1.10),
+    RatioRow(
+        "1x128 ours / matmul bound, prepacked",
+        "1x128 ours / prepacked matmul bound",
+        remark="(stricter bound, not a target)",
+    ),
+    RatioRow("1x128 XLA / ours (speed-up)", "1x128 XLA / ours (speed-up)", ">=", 1.30),
+    RatioRow(
+        "1x128 plain / ours (speed-up)",
+        "1x128 plain / ours (speed-up)",
+        ">=",
+        1.00,
+        remark="(no regression)",
+    ),
+    RatioRow("8x128 ours / matmul bound", "8x128 ours / matmul bound", "<=", 1.10),
+    RatioRow(
+        "8x128 ours / matmul bound, prepacked",
+        "8x128 ours / prepacked matmul bound",
+        remark="(stricter bound, not a target)",
+    ),
+    RatioRow("8x128 XLA / ours (speed-up)", "8x128 XLA / ours (speed-up)", ">=", 1.10),
+    RatioRow(
+        "8x128 plain / ours (speed-up)",
+        "8x128 plain / ours (speed-up)",
+        ">=",
+        1.00,
+        remark="(no regression)",
+    ),
+    RatioRow(
+        "8x128 ours / int8 (speed-up)",
+        "8x128 ours / int8 (speed-up)",
+        ">=",
+        1.70,
+        note="at the ceiling below",
+    ),
+    RatioRow(
+        "8x128 int8 matmul gain (prepacked / int8 bound)",
+        "8x128 int8 matmul gain (prepacked bound / int8 bound)",
+    ),
+    RatioRow(
+        "8x128 int8 ceiling, whole model",
+        "8x128 int8 ceiling, whole model",
+        note="the most this int8 can reach",
+    ),
+    RatioRow(
+        "8x128 int8 ceiling, activations free to quantize",
+        "8x128 int8 ceiling, activations free to quantize",
+        note="the most any int8 can reach",
+    ),
+]
+
+
+def export_bench_ratios_table(report: dict) -> str:
+    """The ratios against the issue's targets, computed as `export_bench.py` computes them."""
+    measured = ratios(report)
+    rows = [
+        [row.label, f"{measured[row.key]:.2f}", row.target(), row.met(measured[row.key])]
+        for row in RATIO_ROWS
+    ]
+    return markdown_table(["ratio", "measured", "target", "met"], [False, True, True, False], rows)
+
+
+# --- scaling.json -------------------------------------------------------------
+
+
+def scaling_by_length_table(report: dict) -> str:
+    """The sequence-length sweep.
+
+    Cost per GFLOP is read as `scaling.relative_cost` stored it, not recomputed:
+    importing benchmarks/scaling.py starts TensorFlow (it imports the demo
+    encoder at module level).
+    """
+    header = ["sequence", "GFLOP", "median ms", "p90 ms", "ms per GFLOP", "cost/FLOP"]
+    rows = [
+        [
+            str(row["length"]),
+            f"{row['gflops']:.2f}",
+            f"{row['median_ms']:.2f}",
+            f"{row['p90_ms']:.2f}",
+            f"{row['ms_per_gflop']:.1f}",
+            f"{row['cost_per_flop_vs_first']:.2f}",
+        ]
+        for row in report["by_length"]
+    ]
+    return markdown_table(header, [True] * 6, rows)
+
+
+def scaling_by_vocabulary_table(report: dict) -> str:
+    """The vocabulary sweep, with each vocabulary's export (cost/FLOP as stored, as above)."""
+    header = [
+        "vocabulary",
+        "GFLOP (1x128)",
+        "median ms",
+        "cost/FLOP",
+        "export s",
+        "export peak RSS MB",
+        "file / parameter bytes",
+    ]
+    rows = [
+        [
+            f"{row['vocabulary']:,}",
+            f"{row['gflops']:.2f}",
+            f"{row['median_ms']:.2f}",
+            f"{row['cost_per_flop_vs_first']:.2f}",
+            f"{row['export_seconds']:.1f}",
+            f"{row['export_peak_rss_mb']:.0f}",
+            f"{row['size_ratio']:.3f}",
+        ]
+        for row in report["by_vocabulary"]
+    ]
+    return markdown_table(header, [True] * 7, rows)
+
+
+# --- layers.json --------------------------------------------------------------
+
+
+def layers_peers_table(report: dict) -> str:
+    """Each layer against its peer (the ratio is the one layers.py stored per row)."""
+    header = ["layer", "peer", "mode", "ours", "peer", "ours / peer"]
+    rows = [
+        [
+            row["layer"],
+            row["peer"],
+            row["mode"],
+            f"{row['ours_ms']:.3f}",
+            f"{row['peer_ms']:.3f}",
+            f"{row['ratio']:.2f}",
+        ]
+        for row in report["rows"]
+    ]
+    return markdown_table(header, [False] * 3 + [True] * 3, rows)
+
+
+TABLES: dict[str, Callable[[dict], str]] = {
+    "export_bench.files": export_bench_files_table,
+    "export_bench.latency": export_bench_latency_table,
+    "export_bench.ratios": export_bench_ratios_table,
+    "scaling.by_length": scaling_by_length_table,
+    "scaling.by_vocabulary": scaling_by_vocabulary_table,
+    "layers.peers": layers_peers_table,
+}
+
+
+def render_tables(results: Path = RESULTS) -> dict:
+    """Every table of the page, rendered from the JSON files in `results`."""
+    reports = {}
+    tables = {}
+    for name, render in TABLES.items():
+        stem = name.split(".")[0]
+        if stem not in reports:
+            reports[stem] = json.loads((results / f"{stem}.json").read_text())
+        tables[name] = render(reports[stem])
+    return tables
+
+
+def page_tables(text: str) -> dict:
+    """The text between each pair of markers of the page, by table name."""
+    return {match["name"]: match["body"].rstrip("\n") for match in MARKED_TABLE.finditer(text)}
+
+
+def unmarked_table_lines(text: str) -> list:
+    """Line numbers of table lines (starting with `|`) outside the markers of a known table."""
+    spans = [
+        (text.count("\n", 0, match.start()), text.count("\n", 0, match.end()))
+        for match in MARKED_TABLE.finditer(text)
+        if match["name"] in TABLES
+    ]
+    return [
+        number + 1
+        for number, line in enumerate(text.splitlines())
+        if line.lstrip().startswith("|")
+        and not any(first <= number <= last for first, last in spans)
+    ]
+
+
+def rewrite(text: str, tables: dict) -> str:
+    """`text` with the body of every marked table replaced by `tables[name]`."""
+
+    def replace(match):
+        name = match["name"]
+        return f"<!-- table: {name} -->\n{tables[name]}\n<!-- /table -->"
+
+    return MARKED_TABLE.sub(replace, text)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 if any table differs"
+    )
+    args = parser.parse_args(argv)
+    text = PAGE.read_text()
+    on_page = page_tables(text)
+    problems = [f"unknown table on the page: {name}" for name in on_page if name not in TABLES]
+    problems += [f"table missing from the page: {name}" for name in TABLES if name not in on_page]
+    problems += [
+        f"table line outside markers: {PAGE.name}:{line}" for line in unmarked_table_lines(text)
+    ]
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 1
+    tables = render_tables()
+    differing = [name for name in TABLES if on_page[name] != tables[name]]
+    if args.check:
+        for name in differing:
+            print(f"{name}: differs from benchmarks/results/{name.split('.')[0]}.json")
+        return 1 if differing else 0
+    if differing:
+        PAGE.write_text(rewrite(text, tables))
+    print(f"rewrote {', '.join(differing)}" if differing else "every table is up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,325 @@
+"""The export command: `keras-layers-export`, `python -m keras_layers.export` and
+the checkout's `python export/to_onnx.py` all run `run()`.
+
+A thin layer: it parses flags, shows progress (`display`), calls `export_model`,
+and turns the typed errors into one line and an exit code: 0 every check
+passed, 1 validation failed, 2 bad input or usage, 3 an unexpected internal
+error, 130 interrupted.
+"""
+
+import argparse
+import logging
+import os
+import re
+import sys
+import time
+import traceback
+import warnings
+from importlib import metadata
+from pathlib import Path
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+DEMO_NAME = "demo_encoder.keras"
+# The API's argument names as the command line spells them, for error messages.
+FLAGS = {
+    "model": "MODEL",
+    "output": "-o",
+    "report_path": "--report",
+    "shapes": "--shapes",
+    "atol": "--atol",
+    "rtol": "--rtol",
+    "opset": "--opset",
+    "imports": "--import",
+    "unsafe": "--unsafe",
+    "external_data": "--external-data",
+    "quantize": "--quantize",
+}
+FIXES = {"unsafe": "--unsafe", "imports": "--import MODULE"}
+
+
+def default_demo_dir() -> Path:
+    """Where the demo's files go when no checkout names a place:
+    `$KERAS_LAYERS_HOME/demo`, else `$XDG_CACHE_HOME/keras-layers/demo`, else
+    `~/.cache/keras-layers/demo`."""
+    home = os.environ.get("KERAS_LAYERS_HOME")
+    if home:
+        return Path(home).expanduser() / "demo"
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "keras-layers" / "demo"
+
+
+def _version() -> str:
+    try:
+        return metadata.version("keras-layers")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return value
+
+
+def _shapes(text: str) -> list:
+    """`--shapes`: comma-separated `BATCHxSEQ` pairs, or `padded`."""
+    shapes = []
+    for item in text.split(","):
+        item = item.strip().lower()
+        if item == "padded":
+            shapes.append(item)
+            continue
+        match = re.fullmatch(r"(\d{1,9})x(\d{1,9})", item)
+        if not match or min(int(match.group(1)), int(match.group(2))) < 1:
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not BATCHxSEQ with positive integers "
+                "(example: --shapes 1x1,2x7,8x64,padded)"
+            )
+        shapes.append((int(match.group(1)), int(match.group(2))))
+    return shapes
+
+
+def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
+    from keras_layers.export.converting import DEFAULT_OPSET
+    from keras_layers.export.pipeline import EXTERNAL_DATA_CHOICES, QUANTIZE_CHOICES
+    from keras_layers.export.validating import DEFAULT_ATOL, DEFAULT_RTOL
+
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=(
+            "Convert a Keras 3 .keras model to ONNX with tf2onnx, make the file lean, "
+            "and prove in onnxruntime that it computes what Keras computes. Without "
+            f"MODEL, trains (once) and exports the demo encoder in {demo_dir}."
+        ),
+        epilog="Exit codes: 0 passed, 1 validation failed, 2 bad input, 3 internal error, "
+        "130 interrupted.",
+    )
+    p.add_argument(
+        "model",
+        nargs="?",
+        type=Path,
+        metavar="MODEL.keras",
+        help=f"model to export (default: the demo, {demo_dir / DEMO_NAME})",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        metavar="OUT.onnx",
+        help="ONNX file to write (default: MODEL with .onnx)",
+    )
+    p.add_argument(
+        "--report",
+        type=Path,
+        metavar="REPORT.json",
+        help="JSON report path (default: OUT.report.json beside the output)",
+    )
+    p.add_argument(
+        "--atol",
+        type=_tolerance,
+        default=DEFAULT_ATOL,
+        help=f"absolute tolerance (default {DEFAULT_ATOL:g})",
+    )
+    p.add_argument(
+        "--rtol",
+        type=_tolerance,
+        default=DEFAULT_RTOL,
+        help=f"relative tolerance (default {DEFAULT_RTOL:g})",
+    )
+    p.add_argument(
+        "--shapes",
+        type=_shapes,
+        metavar="BxS,...",
+        help="validation grid, e.g. 1x1,2x7,8x64,padded "
+        "(default: batch 1,2,8 x seq 1,7,64,256, plus padded)",
+    )
+    p.add_argument(
+        "--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default {DEFAULT_OPSET})"
+    )
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import a module that registers custom layers (repeatable; searched for "
+        "in the working directory too)",
+    )
+    p.add_argument(
+        "--unsafe",
+        action="store_true",
+        help="allow Lambda layers (runs code stored in the file: trusted files only)",
+    )
+    p.add_argument(
+        "--external-data",
+        choices=EXTERNAL_DATA_CHOICES,
+        default="auto",
+        help="store weights in OUT.onnx.data (auto: when over ~1.8 GB)",
+    )
+    p.add_argument(
+        "--quantize",
+        choices=QUANTIZE_CHOICES,
+        help="also write OUT.int8.onnx (dynamic int8), judged by top-1 agreement",
+    )
+    p.add_argument(
+        "--retrain", action="store_true", help="retrain the demo even if a trained one exists"
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("--verbose", action="store_true", help="show library logs and tracebacks")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    return p
+
+
+def silence_native_stderr() -> None:
+    """Send what native libraries write to descriptor 2 to /dev/null.
+
+    For the command only (`run`), never for library users.
+    """
+    # TensorFlow's C++ runtime writes start-up lines (CUDA probing, CPU
+    # features) straight to file descriptor 2, past any Python logging setting.
+    # Point descriptor 2 at /dev/null and give Python's stderr a copy of the
+    # real one, so only our own messages reach the terminal.
+    real_stderr = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    sys.stderr = os.fdopen(real_stderr, "w", buffering=1)
+
+
+def _quiet_libraries(verbose: bool) -> None:
+    if verbose:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    warnings.filterwarnings("ignore")
+    for name in ("tf2onnx", "onnxslim", "absl", "tensorflow"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _demo(args, demo_dir: Path, display) -> tuple[Path, dict, object]:
+    """The trained demo (training it first if needed), its report entry and its
+    int8 task check."""
+    from rich.markup import escape
+
+    from keras_layers.demo import task
+    from keras_layers.export.pipeline import StageEvent
+
+    path = args.model or demo_dir / DEMO_NAME
+    metrics = None if args.retrain else task.saved_metrics(path)
+    if metrics is None:
+        display.print(f"[bold]Training the demo encoder[/] -> {escape(str(path))}")
+        start = time.perf_counter()
+        metrics = task.train(path, on_step=display.training_step)
+        display(StageEvent("train", seconds=time.perf_counter() - start))
+        display.print(
+            f"  masked-token accuracy on {metrics['held_out_sequences']} held-out "
+            f"sequences: {metrics['masked_token_accuracy']:.1%}"
+        )
+    else:
+        display.print(
+            f"Reusing the trained demo {escape(str(path))} (masked-token accuracy "
+            f"{metrics['masked_token_accuracy']:.1%}; --retrain to train again)"
+        )
+    if metrics["masked_token_accuracy"] < 0.9:
+        display.print("[yellow]warning:[/] the demo is below its 90% accuracy target")
+    evaluate = task.int8_evaluation(path, metrics["masked_token_accuracy"])
+    return path, {"demo": {k: v for k, v in metrics.items() if k != "config"}}, evaluate
+
+
+def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> int:
+    """Parse `argv`, export, print; returns the exit code.
+
+    Args:
+        argv: the arguments (default `sys.argv[1:]`).
+        prog: the command's name for `--help` (default: how it was invoked).
+        demo_dir: where the demo's files go (default `default_demo_dir()`).
+    """
+    demo_dir = demo_dir or default_demo_dir()
+    args = parser(prog or os.path.basename(sys.argv[0]), demo_dir).parse_args(argv)
+    _quiet_libraries(args.verbose)
+    from rich.console import Console
+    from rich.markup import escape
+
+    from keras_layers.export.display import StageDisplay, int8_summary, render_report
+    from keras_layers.export.errors import ExportError, command_line_wording, one_line
+    from keras_layers.export.pipeline import export_model
+
+    console = Console(stderr=False, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        with StageDisplay(console, quiet=args.quiet) as display, command_line_wording(FLAGS, FIXES):
+            extra, evaluate = None, None
+            model = args.model
+            if model is None:
+                model, extra, evaluate = _demo(args, demo_dir, display)
+            output = args.output or model.with_suffix(".onnx")
+            display.print(f"[bold]Exporting[/] {escape(str(model))} -> {escape(str(output))}")
+            start = time.perf_counter()
+            report = export_model(
+                model,
+                output,
+                report_path=args.report,
+                shapes=args.shapes,
+                atol=args.atol,
+                rtol=args.rtol,
+                opset=args.opset,
+                imports=args.imports,
+                unsafe=args.unsafe,
+                external_data=args.external_data,
+                quantize=args.quantize,
+                evaluate=evaluate,
+                progress=display,
+                extra_report=extra,
+            )
+        if not args.quiet:
+            render_report(report, console)
+            console.print(
+                f"[green]passed[/]: {escape(report['onnx_path'])} matches Keras on "
+                f"{len(report['checks'])} checks ({time.perf_counter() - start:.1f} s). "
+                f"Report: {escape(report['report_path'])}"
+            )
+            if "int8" in report:
+                console.print(
+                    f"[green]int8[/]: {escape(report['int8']['onnx_path'])} "
+                    f"({int8_summary(report['int8'])})"
+                )
+        if args.unsafe:
+            err.print("[yellow]warning:[/] loaded with --unsafe (Lambda code allowed)")
+        return EXIT_OK
+    except ExportError as error:
+        if getattr(error, "report", None) and not args.quiet:
+            render_report(error.report, console)
+        if args.verbose:
+            traceback.print_exc()
+        err.print(f"[red]error:[/] {escape(one_line(str(error)))}")
+        return error.exit_code
+    except KeyboardInterrupt:
+        err.print(
+            "interrupted; the output paths hold the files they had before, or the "
+            "complete new export, never a mix"
+        )
+        return EXIT_INTERRUPTED
+    except Exception as error:  # noqa: BLE001 - last resort: one line, exit 3
+        if args.verbose:
+            traceback.print_exc()
+        err.print(
+            f"[red]internal error:[/] {escape(one_line(f'{type(error).__name__}: {error}'))} "
+            "(rerun with --verbose for the traceback, and please report it)"
+        )
+        return EXIT_INTERNAL
+
+
+def run(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> int:
+    """The console command: `main`, with native libraries' start-up noise on
+    stderr silenced unless `--verbose`."""
+    arguments = sys.argv[1:] if argv is None else argv
+    if "--verbose" not in arguments:
+        silence_native_stderr()
+    return main(arguments, prog=prog, demo_dir=demo_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -1,0 +1,133 @@
+"""What the command line shows: live progress while it works, the report after.
+
+On a terminal each stage gets a live line (spinner, elapsed time, and a bar
+for stages that count steps: the demo's training, the validation grid); when
+output goes to a file or a pipe, one plain line per finished stage; with
+`quiet`, nothing. Every path and name from outside is escaped, so rich markup
+in it (`[bold]`) is printed as the text it is.
+"""
+
+from types import TracebackType
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from keras_layers.export.pipeline import StageEvent
+
+
+class StageDisplay:
+    """Receives the pipeline's `StageEvent`s (and the demo's training steps)
+    and shows them; use it as a context manager around the work."""
+
+    def __init__(self, console: Console, quiet: bool = False):
+        self.console = console
+        self.quiet = quiet
+        self.live = console.is_terminal and not quiet
+        self._progress = (
+            Progress(
+                SpinnerColumn(finished_text="[green]✓[/]"),
+                TextColumn("{task.description:<10}"),
+                BarColumn(bar_width=24),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+            )
+            if self.live
+            else None
+        )
+        self._tasks: dict[str, TaskID] = {}
+
+    def __enter__(self) -> "StageDisplay":
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def print(self, text: str) -> None:
+        """A line of markup (callers escape what they insert), unless quiet."""
+        if not self.quiet:
+            self.console.print(text)
+
+    def __call__(self, event: StageEvent) -> None:
+        if self.quiet:
+            return
+        if self._progress is None:
+            if event.seconds is not None:
+                self.console.print(f"  [green]✓[/] {event.stage:<9} {event.seconds:6.2f} s")
+            return
+        task = self._tasks.get(event.stage)
+        if task is None:
+            task = self._progress.add_task(event.stage, total=None)
+            self._tasks[event.stage] = task
+        if event.total is not None:
+            self._progress.update(task, total=event.total, completed=event.done)
+        if event.seconds is not None:
+            total = self._progress.tasks[self._tasks[event.stage]].total or 1
+            self._progress.update(task, total=total, completed=total)
+            self._progress.stop_task(task)
+
+    def training_step(self, done: int, total: int) -> None:
+        """The demo's training: `done` of `total` optimizer steps."""
+        self(StageEvent("train", done=done, total=total))
+
+
+def _number(value: float) -> str:
+    return "inf" if value == float("inf") else f"{value:.2e}"
+
+
+def render_report(report: dict, console: Console) -> None:
+    """A table of the checks and a one-line summary of the file."""
+    table = Table(title="ONNX Runtime vs Keras", show_lines=False)
+    for column in ("shape", "output", "max abs diff", "max rel diff", "top-1", "result"):
+        table.add_column(column, justify="left" if column in ("shape", "output") else "right")
+    for check in report["checks"]:
+        top1 = "" if check["top1_agreement"] is None else f"{check['top1_agreement']:.1%}"
+        problem = escape(check["problem"] or "")
+        verdict = "[green]pass[/]" if check["passed"] else f"[red]FAIL[/] {problem}"
+        table.add_row(
+            escape(check["shape"]),
+            escape(check["output"]),
+            _number(check["max_abs_diff"]),
+            _number(check["max_rel_diff"]),
+            top1,
+            verdict,
+        )
+    console.print(table)
+    tolerance = report["tolerances"]
+    console.print(
+        f"file {report['file_bytes'] / 1e6:.2f} MB = {report['size_ratio']}x the "
+        f"parameter bytes ({report['param_bytes'] / 1e6:.2f} MB); opset {report['opset']}; "
+        f"{report['graph']['nodes_final']} nodes (tf2onnx: {report['graph']['nodes_converted']}); "
+        f"atol {tolerance['atol']:g}, rtol {tolerance['rtol']:g}"
+    )
+
+
+def int8_summary(int8: dict) -> str:
+    """One line on the int8 file: size and how well it agrees with Keras."""
+    lowest = int8["lowest_top1"]
+    text = f"{int8['size_ratio']}x the float32 parameter bytes; " + (
+        f"lowest top-1 agreement {lowest['agreement']:.2%} at {lowest['shape']}"
+        if lowest
+        else "no top-1 output"
+    )
+    if int8["evaluation"] is not None:
+        text += f"; {int8['evaluation'].get('summary', '')}"
+    return escape(text)

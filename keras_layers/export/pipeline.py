@@ -1,0 +1,347 @@
+"""The export pipeline: load -> trace -> convert -> slim -> validate -> (int8) -> report.
+
+Each stage is a function in its own module that takes and returns plain data;
+this module checks the arguments, runs the stages in order, times them, and
+hands the finished files to `placement`, which alone touches the user's paths.
+"""
+
+import math
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from keras_layers.export import (
+    converting,
+    loading,
+    placement,
+    quantizing,
+    reporting,
+    slimming,
+    tracing,
+    validating,
+)
+from keras_layers.export.errors import OutputError, UsageError, ValidationFailed, argument
+
+EXTERNAL_DATA_CHOICES = ("auto", "always", "never")
+QUANTIZE_CHOICES = ("int8",)
+
+
+@dataclass(frozen=True)
+class StageEvent:
+    """What `export_model` tells its `progress` callback.
+
+    Attributes:
+        stage: the stage's name (`load`, `trace`, `convert`, `slim`, `validate`,
+            `quantize`, `report`).
+        seconds: `None` when the stage starts; its duration when it has finished.
+        done: for a stage that counts steps (`validate`, `quantize`), the steps done.
+        total: the number of steps of that stage.
+    """
+
+    stage: str
+    seconds: float | None = None
+    done: int | None = None
+    total: int | None = None
+
+
+Progress = Callable[[StageEvent], None]
+
+
+def _no_progress(event: StageEvent) -> None:
+    del event
+
+
+@contextmanager
+def _stage(name: str, stages: dict, progress: Progress) -> Iterator[None]:
+    progress(StageEvent(name))
+    start = time.perf_counter()
+    yield
+    stages[name] = time.perf_counter() - start
+    progress(StageEvent(name, seconds=stages[name]))
+
+
+def _check_tolerance(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise UsageError(f"{argument(name, value)}: must be a finite number >= 0")
+    if value < 0:
+        raise UsageError(f"{argument(name, value)}: must be >= 0")
+    return float(value)
+
+
+def _check_options(atol, rtol, opset, external_data, quantize) -> None:
+    """Every argument that needs no model, checked before any work."""
+    _check_tolerance("atol", atol)
+    _check_tolerance("rtol", rtol)
+    converting.check_opset(opset)
+    if quantize is not None and quantize not in QUANTIZE_CHOICES:
+        raise UsageError(
+            f"{argument('quantize', quantize)}: unsupported; choose one of {QUANTIZE_CHOICES}"
+        )
+    if external_data not in EXTERNAL_DATA_CHOICES:
+        raise UsageError(
+            f"{argument('external_data', external_data)}: choose one of {EXTERNAL_DATA_CHOICES}"
+        )
+
+
+def _save(proto, path: Path, external: bool) -> list[Path]:
+    """Save the proto; returns every file written (the graph, its data file)."""
+    import onnx
+
+    if not external:
+        onnx.save_model(proto, path)
+        return [path]
+    data = placement.data_path(path)
+    onnx.save_model(
+        proto,
+        path,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data.name,
+        size_threshold=1024,
+    )
+    if not data.exists():  # every tensor was under the threshold: an empty data file
+        data.touch()
+    return [path, data]
+
+
+def _point_at_data(graph_path: Path, data_name: str) -> None:
+    """Make the staged graph read `data_name` (the data file's final name)."""
+    import onnx
+    from onnx import TensorProto
+
+    proto = onnx.load(str(graph_path), load_external_data=False)
+    for tensor in proto.graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = data_name
+    onnx.save_model(proto, graph_path)
+
+
+def _quantize(loaded, float_path, int8_path, shapes, evaluate, param_bytes) -> dict:
+    """Quantize the validated float file and judge it; returns its report entry."""
+    quantizing.quantize_int8(float_path, int8_path)
+    validation = validating.validate(loaded, int8_path, shapes, quantized=True)
+    evaluation = evaluate(int8_path) if evaluate else None
+    worst = min(
+        (check for check in validation.checks if check.top1_agreement is not None),
+        key=lambda check: check.top1_agreement,
+        default=None,
+    )
+    size = int8_path.stat().st_size
+    return {
+        "passed": validation.passed and (evaluation is None or bool(evaluation["passed"])),
+        "file_bytes": size,
+        "size_ratio": round(size / param_bytes, 4) if param_bytes else None,
+        "min_top1": validating.INT8_MIN_TOP1,
+        "lowest_top1": (
+            {"agreement": worst.top1_agreement, "shape": worst.shape} if worst else None
+        ),
+        "checks": [asdict(check) for check in validation.checks],
+        "evaluation": evaluation,
+    }
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while the files are renamed into place, so an
+    interrupt lands before or after the placement, never in the middle."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    try:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (ValueError, OSError):  # not the main thread: nothing to hold
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _failure_message(report: dict, validation, targets, final, atol, rtol) -> str:
+    kept = f"The new file was kept as {final.onnx}; {targets.onnx} was left untouched."
+    if not validation.passed:
+        worst = validation.worst()
+        what = worst.problem or (
+            f"max abs diff {worst.max_abs_diff:.3g} > atol {atol:g} + rtol {rtol:g} x |keras|"
+        )
+        return (
+            f"validation failed: output {worst.output!r} at shape {worst.shape}: {what}. "
+            f"{kept} Report: {final.report}"
+        )
+    int8 = report["int8"]
+    lowest = int8["lowest_top1"]
+    detail = (
+        f"lowest top-1 agreement {lowest['agreement']:.2%} at {lowest['shape']} "
+        f"(at least {int8['min_top1']:.0%} needed)"
+        if lowest
+        else "an output without top-1 moved beyond the int8 bound"
+    )
+    if int8["evaluation"] is not None and not int8["evaluation"]["passed"]:
+        detail += f"; {int8['evaluation'].get('summary', 'the task-level check failed')}"
+    return (
+        f"int8 validation failed: {detail}. Nothing was placed at the output paths; "
+        f"the files were kept as {final.onnx} and {final.int8}. Report: {final.report}"
+    )
+
+
+def export_model(
+    model,
+    output,
+    *,
+    report_path=None,
+    shapes: list | None = None,
+    atol: float = validating.DEFAULT_ATOL,
+    rtol: float = validating.DEFAULT_RTOL,
+    opset: int = converting.DEFAULT_OPSET,
+    imports: tuple[str, ...] | list[str] = (),
+    unsafe: bool = False,
+    external_data: str = "auto",
+    quantize: str | None = None,
+    evaluate: Callable[[Path], dict] | None = None,
+    progress: Progress | None = None,
+    extra_report: dict | None = None,
+) -> dict:
+    """Export a Keras model to ONNX and prove in ONNX Runtime that it matches.
+
+    Args:
+        model: a `keras.Model` in memory, or the path of a `.keras` file.
+        output: the ONNX file to write (`.onnx`).
+        report_path: where the JSON report goes (default `OUTPUT.report.json`
+            beside the output, without `.onnx`).
+        shapes: the validation grid: `(batch, sequence)` pairs and `"padded"`
+            (a right-padded batch). Default: batch 1, 2, 8 x sequence 1, 7, 64,
+            256 (or the model's fixed length), plus `"padded"` when the model
+            masks padding.
+        atol: absolute tolerance of every check.
+        rtol: relative tolerance, times |Keras output|.
+        opset: the ONNX opset to convert to (13 up to tf2onnx's newest).
+        imports: modules to import first (they register custom layers); only
+            for these is the working directory searched.
+        unsafe: allow Lambda layers when loading a file (runs code stored in it).
+        external_data: `"auto"` (weights in `OUTPUT.data` beside the graph when
+            over ~1.8 GB), `"always"` or `"never"`.
+        quantize: `"int8"` also writes `OUTPUT.int8.onnx`, quantized dynamically
+            and judged by top-1 agreement with Keras (`validating.INT8_MIN_TOP1`).
+        evaluate: `evaluate(int8_path) -> dict` with a `passed` key: a
+            task-level check of the int8 file.
+        progress: called with a `StageEvent` as each stage starts and ends,
+            and for each validation step.
+        extra_report: entries added to the report as they are.
+
+    Returns:
+        The report (a JSON-ready dict, also written to the report path):
+        `passed`, `onnx_path`, `checks`, `graph`, `stage_seconds`, ...
+
+    Raises:
+        UsageError: a bad argument or input (exit code 2 on the command line);
+            `ModelLoadError` and `OutputError` are kinds of it.
+        ConversionError: tf2onnx cannot convert the model.
+        ValidationFailed: ONNX Runtime and Keras disagree beyond the
+            tolerances, or the int8 file fails its checks. Nothing at the
+            output paths was changed; the new files are kept under `.failed`
+            names, and the report is attached as `error.report`.
+
+    Example:
+
+    >>> import keras
+    >>> from keras_layers import ScaledEmbedding
+    >>> ids = keras.Input((None,), dtype="int32", name="token_ids")
+    >>> model = keras.Model(ids, ScaledEmbedding(20, 4)(ids))
+    >>> report = export_model(model, tmp / "tiny.onnx", shapes=[(1, 3), (2, 5)])
+    >>> report["passed"]
+    True
+    """
+    progress = progress or _no_progress
+    _check_options(atol, rtol, opset, external_data, quantize)
+    output = Path(output)
+    targets = placement.Targets(
+        onnx=output,
+        report=Path(report_path) if report_path else placement.default_report_path(output),
+    )
+    source = Path(model) if isinstance(model, str | Path) else None
+    placement.check_targets(targets, source)
+    if shapes is not None:
+        validating.check_shapes(shapes)
+    stages = {}
+
+    with _stage("load", stages, progress):
+        loaded = loading.load(model, imports=imports, unsafe=unsafe)
+    shapes = shapes or validating.default_shapes(loaded)
+    external = external_data == "always" or (
+        external_data == "auto" and loaded.param_bytes > converting.LARGE_MODEL_BYTES
+    )
+    with _stage("trace", stages, progress):
+        traced = tracing.trace(loaded)
+    with _stage("convert", stages, progress):
+        converted = converting.convert(traced, opset=opset)
+    with _stage("slim", stages, progress):
+        slimmed = slimming.slim(
+            converted.proto,
+            loaded.inputs,
+            loaded.outputs,
+            run_onnxslim=not external,
+            model_name=loaded.model.name,
+        )
+
+    with placement.staging_folder(output) as folder:
+        staged = placement.Targets(onnx=folder / output.name, report=folder / "report.json")
+        try:
+            written = _save(slimmed.proto, staged.onnx, external)
+        except OSError as error:
+            raise OutputError(
+                f"{argument('output', output)}: cannot write the ONNX file "
+                f"({error.strerror or error}); nothing at the output paths was changed"
+            ) from error
+        file_bytes = sum(file.stat().st_size for file in written)
+
+        def step(done: int, total: int) -> None:
+            progress(StageEvent("validate", done=done, total=total))
+
+        with _stage("validate", stages, progress):
+            validation = validating.validate(loaded, staged.onnx, shapes, atol, rtol, step)
+        int8 = None
+        if quantize and validation.passed:
+            with _stage("quantize", stages, progress):
+                int8 = _quantize(
+                    loaded, staged.onnx, staged.int8, shapes, evaluate, loaded.param_bytes
+                )
+        passed = validation.passed and (int8 is None or int8["passed"])
+        final = targets if passed else targets.failed()
+        with _stage("report", stages, progress):
+            if external and not passed:
+                _point_at_data(staged.onnx, final.data.name)
+            report = reporting.build_report(
+                loaded=loaded,
+                onnx_path=final.onnx,
+                opset=opset,
+                file_bytes=file_bytes,
+                slimmed=slimmed,
+                validation=validation,
+                stages=stages,
+                external_data=external,
+                extra=extra_report,
+            )
+            report["passed"] = passed
+            report["data_files"] = [str(final.data)] if external else []
+            report["report_path"] = str(final.report)
+            if int8 is not None:
+                report["int8"] = {"onnx_path": str(final.int8), **int8}
+        report["stage_seconds"]["report"] = round(stages["report"], 3)
+        placement.write_json(report, staged.report)
+        moves = [(staged.onnx, final.onnx), (staged.report, final.report)]
+        if external:
+            moves.append((staged.data, final.data))
+        if int8 is not None:
+            moves.append((staged.int8, final.int8))
+        with _signals_deferred():
+            placement.place(moves)
+
+    if not passed:
+        raise ValidationFailed(
+            _failure_message(report, validation, targets, final, atol, rtol), report
+        )
+    return report

@@ -1,0 +1,199 @@
+"""Where the files of an export go, and the only module that touches the user's paths.
+
+Every file is first written into a staging folder beside the output (same file
+system, so a rename is atomic) and moved into place only after the whole export
+has passed: the float file, its data file, the int8 file and the report go
+together. A failed export leaves every file the user had as it was and keeps
+its own files under `.failed` names, with their own report.
+"""
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from keras_layers.export.errors import OutputError, argument
+
+STAGING_SUFFIX = ".tmp"
+# A staging folder idle this long belongs to an export that was killed.
+STALE_SECONDS = 3600
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The final paths of one export."""
+
+    onnx: Path
+    report: Path
+
+    @property
+    def data(self) -> Path:
+        return data_path(self.onnx)
+
+    @property
+    def int8(self) -> Path:
+        return self.onnx.with_name(f"{self.onnx.stem}.int8{self.onnx.suffix or '.onnx'}")
+
+    def failed(self) -> "Targets":
+        """Where the files of a failed export are kept instead."""
+        return Targets(onnx=failed_path(self.onnx), report=failed_path(self.report))
+
+    def all_paths(self) -> list[Path]:
+        return [self.onnx, self.data, self.int8, self.report]
+
+
+def failed_path(path: Path) -> Path:
+    """`model.onnx` -> `model.failed.onnx`; `model.report.json` -> `model.report.failed.json`."""
+    return path.with_name(f"{path.stem}.failed{path.suffix}")
+
+
+def data_path(onnx_path: Path) -> Path:
+    return onnx_path.with_name(f"{onnx_path.name}.data")
+
+
+def default_report_path(output: Path) -> Path:
+    return output.with_name(f"{output.stem}.report.json")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _check_writable_file(path: Path, name: str) -> None:
+    """`path` is a regular file or a new name in a folder we can write to."""
+    if path.is_symlink() and not path.exists():
+        raise OutputError(f"{argument(name, path)}: is a broken symbolic link; remove it first")
+    if path.exists():
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise OutputError(
+                f"{argument(name, path)}: is a directory; give a file name such as model.onnx"
+            )
+        if not stat.S_ISREG(mode):
+            raise OutputError(
+                f"{argument(name, path)}: is not a regular file (a device, FIFO or socket); "
+                "only regular files are replaced"
+            )
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputError(
+            f"{argument(name, path)}: cannot create {parent} ({error.strerror})"
+        ) from error
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as error:
+        raise OutputError(
+            f"{argument(name, path)}: {parent} is not writable ({error.strerror})"
+        ) from error
+
+
+def check_targets(targets: Targets, source: Path | None) -> None:
+    """Fail before any work if the outputs cannot be written, or would collide
+    with each other or with the model being exported."""
+    _check_writable_file(targets.onnx, "output")
+    _check_writable_file(targets.report, "report_path")
+    named = {
+        "output": targets.onnx,
+        "report_path": targets.report,
+        "output's data file": targets.data,
+        "output's int8 file": targets.int8,
+        "output's failed file": targets.failed().onnx,
+    }
+    items = list(named.items())
+    for index, (name, path) in enumerate(items):
+        if source is not None and _same_file(path, source):
+            raise OutputError(
+                f"{argument('output', targets.onnx)}: the {name} {path} is the model being "
+                "exported; choose another output name"
+            )
+        for other_name, other in items[index + 1 :]:
+            if _same_file(path, other):
+                raise OutputError(
+                    f"{argument(name if name in ('output', 'report_path') else 'output', path)}"
+                    f": the {name} and the {other_name} would be the same file; "
+                    "give them different names"
+                )
+
+
+def _remove_stale_staging(output: Path) -> None:
+    """Remove staging folders of earlier exports to `output` that were killed.
+
+    Only folders named exactly like ours (`.NAME.` + 8 random characters +
+    `.tmp`; compared as text, never as a glob pattern) and idle for an hour, so
+    a concurrent export to the same path keeps its own.
+    """
+    prefix = f".{output.name}."
+    try:
+        entries = list(output.parent.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        name = entry.name
+        middle = name[len(prefix) : -len(STAGING_SUFFIX)]
+        if not (
+            name.startswith(prefix)
+            and name.endswith(STAGING_SUFFIX)
+            and len(middle) == 8
+            and middle.isalnum()
+        ):
+            continue
+        try:
+            info = entry.lstat()
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and time.time() - info.st_mtime > STALE_SECONDS:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+@contextmanager
+def staging_folder(output: Path) -> Iterator[Path]:
+    """A private folder beside `output`, removed with whatever is left in it."""
+    _remove_stale_staging(output)
+    folder = Path(
+        tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=STAGING_SUFFIX)
+    )
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_json(data: dict, path: Path) -> None:
+    """Write `data` as indented JSON (for a staged report)."""
+    with open(path, "w") as file:
+        json.dump(data, file, indent=2, default=float)
+        file.write("\n")
+
+
+def place(moves: list[tuple[Path, Path]]) -> None:
+    """Rename staged files onto their final paths, data files first.
+
+    Each rename is atomic; a graph is renamed only after the data file it reads,
+    so a reader never finds a new graph beside old data. Every placed file gets
+    the permissions a new file gets under the user's umask.
+    """
+    mode = 0o666 & ~_umask()
+    ordered = sorted(moves, key=lambda move: not move[0].name.endswith(".data"))
+    for staged, final in ordered:
+        os.chmod(staged, mode)
+        os.replace(staged, final)

@@ -1,0 +1,86 @@
+"""Stage 6, report: gather every stage's figures into one JSON-ready dict.
+
+Building only: `placement` writes it, the command line's `display` renders it.
+"""
+
+from dataclasses import asdict
+from importlib import metadata
+
+from keras_layers.export import slimming
+from keras_layers.export.validating import Validation
+
+_PACKAGES = (
+    "keras",
+    "tensorflow",
+    "tf2onnx",
+    "onnx",
+    "onnxruntime",
+    "onnxslim",
+    "numpy",
+)
+
+
+def versions() -> dict:
+    found = {}
+    for name in (*_PACKAGES, "keras-layers"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def tensor_entries(infos) -> list:
+    return [{"name": info.name, "shape": info.axis_names(), "dtype": info.dtype} for info in infos]
+
+
+def build_report(
+    *,
+    loaded,
+    onnx_path,
+    opset,
+    file_bytes,
+    slimmed,
+    validation: Validation,
+    stages: dict,
+    external_data: bool,
+    extra: dict | None = None,
+) -> dict:
+    worst = validation.worst()
+    report = {
+        "passed": validation.passed,
+        "onnx_path": str(onnx_path),
+        "source_model": str(loaded.path) if loaded.path else f"in memory: {loaded.model.name}",
+        "opset": opset,
+        "file_bytes": file_bytes,
+        "param_bytes": loaded.param_bytes,
+        "size_ratio": round(file_bytes / loaded.param_bytes, 4) if loaded.param_bytes else None,
+        "external_data": external_data,
+        "exported_from_policies": loaded.source_policies,
+        "inputs": tensor_entries(loaded.inputs),
+        "outputs": tensor_entries(loaded.outputs),
+        "tolerances": {"atol": validation.atol, "rtol": validation.rtol},
+        "checks": [asdict(check) for check in validation.checks],
+        "worst": asdict(worst) if worst else None,
+        "graph": {
+            "nodes_converted": slimmed.nodes_before,
+            "nodes_final": slimmed.nodes_after,
+            "fused": slimmed.fused,
+            "shared_weights": [
+                {"name": name, "shape": shape, "read_by": read_by}
+                for name, shape, read_by in slimming.shared_weights(slimmed.proto)
+            ],
+            "weights_stored_once": [
+                {
+                    "removed": removed,
+                    "kept": kept,
+                    "as": "transpose" if how == "T" else "copy",
+                }
+                for removed, kept, how in slimmed.deduplicated
+            ],
+        },
+        "stage_seconds": {name: round(seconds, 3) for name, seconds in stages.items()},
+        "versions": versions(),
+    }
+    report.update(extra or {})
+    return report

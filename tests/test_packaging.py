@@ -1,0 +1,82 @@
+"""The installed product: import name, commands, version, the demo's place."""
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.tensorflow_only  # the commands run the export pipeline
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def run(args, cwd):
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, env=ENV, timeout=300)
+
+
+def console_script() -> str:
+    path = Path(sysconfig.get_path("scripts")) / "keras-layers-export"
+    assert path.exists(), "the console script is not installed: pip install -e ."
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "command, prog",
+    [
+        ([console_script()], "keras-layers-export"),
+        ([sys.executable, "-m", "keras_layers.export"], "python -m keras_layers.export"),
+        ([sys.executable, str(ROOT / "export" / "to_onnx.py")], "python export/to_onnx.py"),
+    ],
+)
+def test_every_command_is_the_same_cli_and_names_itself(command, prog, tmp_path):
+    helped = run([*command, "--help"], tmp_path)
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith(f"usage: {prog} ")
+    for flag in ("--shapes", "--quantize", "-q, --quiet", "--version"):
+        assert flag in helped.stdout
+    version = run([*command, "--version"], tmp_path)
+    assert version.returncode == 0
+    assert version.stdout.split() == [*prog.split(), "0.1.0"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_top_level_export_package_is_installed(tmp_path):
+    """An `export.py` of the user's (yolov5 has one) never collides with us."""
+    (tmp_path / "export.py").write_text("VALUE = 'theirs'\n")
+    code = (
+        "import export, keras_layers.export as ours\n"
+        "print(export.VALUE, ours.export_model.__module__)"
+    )
+    result = run([sys.executable, "-c", code], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["theirs", "keras_layers.export.pipeline"]
+    alone = run([sys.executable, "-c", "import export"], ROOT / "tests")
+    assert alone.returncode == 1 and "ModuleNotFoundError" in alone.stderr
+
+
+def test_export_without_the_extra_names_the_extra(tmp_path):
+    code = "import sys; sys.modules['tf2onnx'] = None; import keras_layers.export"
+    result = run([sys.executable, "-c", code], tmp_path)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: keras_layers.export needs tf2onnx")
+    assert 'pip install "keras-layers[export]"' in last
+
+
+def test_a_users_module_in_the_working_folder_is_never_imported(tmp_path):
+    """`onnxruntime.py` in the folder the command runs from stays unread."""
+    marker = tmp_path / "ran"
+    for name in ("onnxruntime", "onnxslim", "tf2onnx", "onnx"):
+        (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write('{name}')\n")
+    for command in (
+        [console_script(), "--help"],
+        [sys.executable, "-m", "keras_layers.export", "missing.keras"],
+        [sys.executable, str(ROOT / "export" / "to_onnx.py"), "missing.keras"],
+    ):
+        result = run(command, tmp_path)
+        assert result.returncode in (0, 2), result.stderr
+    assert not marker.exists()
