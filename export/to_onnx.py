@@ -3,7 +3,8 @@
 Usage: python export/to_onnx.py [MODEL.keras] [-o OUT.onnx] [options]
 
 The same command as `keras-layers-export` and `python -m keras_layers.export`;
-run from a checkout, the demo's files go to `artifacts/demo/` in it.
+run from a checkout, the demo's files go to `artifacts/demo/` in it. (Importing
+`keras_layers` prepares the process for the command: see its `__init__`.)
 """
 
 import sys

@@ -174,22 +174,6 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
     return p
 
 
-def silence_native_stderr() -> None:
-    """Send what native libraries write to descriptor 2 to /dev/null.
-
-    For the command only (`run`), never for library users.
-    """
-    # TensorFlow's C++ runtime writes start-up lines (CUDA probing, CPU
-    # features) straight to file descriptor 2, past any Python logging setting.
-    # Point descriptor 2 at /dev/null and give Python's stderr a copy of the
-    # real one, so only our own messages reach the terminal.
-    real_stderr = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    os.close(devnull)
-    sys.stderr = os.fdopen(real_stderr, "w", buffering=1)
-
-
 def _quiet_libraries(verbose: bool) -> None:
     if verbose:
         return
@@ -313,12 +297,9 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
 
 
 def run(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> int:
-    """The console command: `main`, with native libraries' start-up noise on
-    stderr silenced unless `--verbose`."""
-    arguments = sys.argv[1:] if argv is None else argv
-    if "--verbose" not in arguments:
-        silence_native_stderr()
-    return main(arguments, prog=prog, demo_dir=demo_dir)
+    """The console command: `main` on `sys.argv`. (`keras_layers/__init__.py`
+    has already kept native libraries' start-up lines off the terminal.)"""
+    return main(sys.argv[1:] if argv is None else argv, prog=prog, demo_dir=demo_dir)
 
 
 if __name__ == "__main__":
