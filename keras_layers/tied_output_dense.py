@@ -131,12 +131,18 @@ class TiedOutputDense(keras.layers.Layer):
 
     def build(self, input_shape):
         if not self.embedding.built:
-            self.embedding.build()
-        matrix = _embedding_matrix(self.embedding)
+            try:
+                self.embedding.build()
+            except TypeError:
+                # A layer that needs an input shape to build (a Dense) is no
+                # embedding: say that, not Keras' "build() missing input_shape".
+                pass
+        matrix = _embedding_matrix(self.embedding) if self.embedding.built else None
         if matrix is None:
             raise ValueError(
                 "`embedding` must own an `embeddings` matrix of shape (vocab, d). "
-                f"Layer {self.embedding.name!r} has none."
+                f"Layer {self.embedding.name!r} ({type(self.embedding).__name__}) has none: "
+                "tie to a keras.layers.Embedding, ReversibleEmbedding or ScaledEmbedding."
             )
         vocab, width = matrix.shape
         if input_shape[-1] is not None and input_shape[-1] != width:

@@ -223,3 +223,10 @@ def test_layer_without_embeddings_matrix_is_refused():
     dense.build((None, 3))
     with pytest.raises(ValueError, match="must own an `embeddings` matrix"):
         TiedOutputDense(dense)
+
+
+def test_an_unbuilt_dense_is_refused_on_first_call_naming_the_missing_matrix():
+    """Not Keras' own "Dense.build() missing input_shape": the real problem."""
+    head = TiedOutputDense(keras.layers.Dense(3))
+    with pytest.raises(ValueError, match=r"Layer 'dense\w*' \(Dense\) has none"):
+        head(np.zeros((1, 2, WIDTH), "float32"))

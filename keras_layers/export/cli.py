@@ -33,8 +33,9 @@ FLAGS = {
     "unsafe": "--unsafe",
     "external_data": "--external-data",
     "quantize": "--quantize",
+    "allow_nonfinite": "--allow-nonfinite",
 }
-FIXES = {"unsafe": "--unsafe", "imports": "--import MODULE"}
+FIXES = {"unsafe": "--unsafe", "imports": "--import MODULE", "allow_nonfinite": "--allow-nonfinite"}
 
 
 def default_demo_dir() -> Path:
@@ -166,6 +167,11 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
         help="also write OUT.int8.onnx (dynamic int8), judged by top-1 agreement",
     )
     p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="accept NaN or infinity in Keras' own outputs (the ONNX file must match them)",
+    )
+    p.add_argument(
         "--retrain", action="store_true", help="retrain the demo even if a trained one exists"
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
@@ -254,6 +260,7 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
                 unsafe=args.unsafe,
                 external_data=args.external_data,
                 quantize=args.quantize,
+                allow_nonfinite=args.allow_nonfinite,
                 evaluate=evaluate,
                 progress=display,
                 extra_report=extra,

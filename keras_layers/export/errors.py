@@ -19,7 +19,11 @@ from contextvars import ContextVar
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 # How a Python caller turns on what a message suggests.
-_API_FIXES = {"unsafe": "unsafe=True", "imports": "imports=['MODULE']"}
+_API_FIXES = {
+    "unsafe": "unsafe=True",
+    "imports": "imports=['MODULE']",
+    "allow_nonfinite": "allow_nonfinite=True",
+}
 _wording: ContextVar[tuple[Mapping, Mapping] | None] = ContextVar("wording", default=None)
 
 

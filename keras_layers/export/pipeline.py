@@ -54,13 +54,39 @@ def _no_progress(event: StageEvent) -> None:
     del event
 
 
-@contextmanager
-def _stage(name: str, stages: dict, progress: Progress) -> Iterator[None]:
-    progress(StageEvent(name))
-    start = time.perf_counter()
-    yield
-    stages[name] = time.perf_counter() - start
-    progress(StageEvent(name, seconds=stages[name]))
+class _Interrupts:
+    """Ctrl-C that cannot be lost.
+
+    Python raises KeyboardInterrupt wherever the main thread happens to be; when
+    that is inside a garbage-collector callback or a `__del__` (TensorFlow and
+    tf2onnx run some), the exception is printed and dropped, and the export
+    would go on to finish. While the export runs, SIGINT is also recorded here,
+    and every stage boundary and the placement check the record.
+    """
+
+    def __init__(self):
+        self.received = False
+
+    def _handler(self, signum, frame) -> None:
+        del signum, frame
+        self.received = True
+        raise KeyboardInterrupt
+
+    @contextmanager
+    def watching(self) -> Iterator["_Interrupts"]:
+        try:
+            previous = signal.signal(signal.SIGINT, self._handler)
+        except ValueError:  # not the main thread: signals are not ours to take
+            yield self
+            return
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def check(self) -> None:
+        if self.received:
+            raise KeyboardInterrupt
 
 
 def _check_tolerance(name: str, value) -> float:
@@ -86,14 +112,16 @@ def _check_options(atol, rtol, opset, external_data, quantize) -> None:
         )
 
 
-def _save(proto, path: Path, external: bool) -> list[Path]:
-    """Save the proto; returns every file written (the graph, its data file)."""
+def _save(proto, path: Path, external: bool) -> Path | None:
+    """Save the proto; with `external`, its weights go to a data file beside it
+    (named `data_name(path.name, "staged")` until placement names it by its
+    content). Returns the data file, if any."""
     import onnx
 
     if not external:
         onnx.save_model(proto, path)
-        return [path]
-    data = placement.data_path(path)
+        return None
+    data = path.with_name(placement.data_name(path.name, "staged"))
     onnx.save_model(
         proto,
         path,
@@ -104,7 +132,7 @@ def _save(proto, path: Path, external: bool) -> list[Path]:
     )
     if not data.exists():  # every tensor was under the threshold: an empty data file
         data.touch()
-    return [path, data]
+    return data
 
 
 def _point_at_data(graph_path: Path, data_name: str) -> None:
@@ -201,6 +229,7 @@ def export_model(
     unsafe: bool = False,
     external_data: str = "auto",
     quantize: str | None = None,
+    allow_nonfinite: bool = False,
     evaluate: Callable[[Path], dict] | None = None,
     progress: Progress | None = None,
     extra_report: dict | None = None,
@@ -222,10 +251,14 @@ def export_model(
         imports: modules to import first (they register custom layers); only
             for these is the working directory searched.
         unsafe: allow Lambda layers when loading a file (runs code stored in it).
-        external_data: `"auto"` (weights in `OUTPUT.data` beside the graph when
-            over ~1.8 GB), `"always"` or `"never"`.
+        external_data: `"auto"` (weights in a data file beside the graph,
+            `OUTPUT.<content hash>.data`, when over ~1.8 GB), `"always"` or
+            `"never"`.
         quantize: `"int8"` also writes `OUTPUT.int8.onnx`, quantized dynamically
             and judged by top-1 agreement with Keras (`validating.INT8_MIN_TOP1`).
+        allow_nonfinite: accept NaN or infinity in Keras' own outputs (the
+            ONNX output must have the same ones); by default such a check fails,
+            since a model that computes NaN is broken whatever the file does.
         evaluate: `evaluate(int8_path) -> dict` with a `passed` key: a
             task-level check of the int8 file.
         progress: called with a `StageEvent` as each stage starts and ends,
@@ -262,23 +295,103 @@ def export_model(
         onnx=output,
         report=Path(report_path) if report_path else placement.default_report_path(output),
     )
-    source = Path(model) if isinstance(model, str | Path) else None
-    placement.check_targets(targets, source)
+    placement.check_targets(targets, Path(model) if isinstance(model, str | Path) else None)
     if shapes is not None:
         validating.check_shapes(shapes)
-    stages = {}
+    with _Interrupts().watching() as interrupts:
+        run = _Run(progress, interrupts)
+        loaded, slimmed, external = _convert(model, run, imports, unsafe, opset, external_data)
+        shapes = shapes or validating.default_shapes(loaded)
+        with placement.staging_folder(output) as folder:
+            staged = _Staged.write(slimmed.proto, folder, output, external)
+            with run.stage("validate"):
+                validation = validating.validate(
+                    loaded,
+                    staged.graph,
+                    shapes,
+                    atol,
+                    rtol,
+                    run.steps("validate"),
+                    allow_nonfinite=allow_nonfinite,
+                )
+            int8 = None
+            if quantize and validation.passed:
+                with run.stage("quantize"):
+                    int8 = _quantize(
+                        loaded, staged.graph, staged.int8, shapes, evaluate, loaded.param_bytes
+                    )
+            passed = validation.passed and (int8 is None or int8["passed"])
+            final = targets if passed else targets.failed()
+            with run.stage("report"):
+                moves = staged.moves(final, int8 is not None)
+                report = reporting.build_report(
+                    loaded=loaded,
+                    onnx_path=final.onnx,
+                    opset=opset,
+                    file_bytes=staged.file_bytes,
+                    slimmed=slimmed,
+                    validation=validation,
+                    stages=run.seconds,
+                    external_data=external,
+                    extra=extra_report,
+                )
+                report["passed"] = passed
+                report["data_files"] = [str(to) for _, to in moves if to.name.endswith(".data")]
+                report["report_path"] = str(final.report)
+                if int8 is not None:
+                    report["int8"] = {"onnx_path": str(final.int8), **int8}
+            report["stage_seconds"]["report"] = round(run.seconds["report"], 3)
+            placement.write_json(report, staged.report)
+            with _signals_deferred():
+                interrupts.check()
+                placement.place([*moves, (staged.report, final.report)])
+    if not passed:
+        raise ValidationFailed(
+            _failure_message(report, validation, targets, final, atol, rtol), report
+        )
+    return report
 
-    with _stage("load", stages, progress):
+
+class _Run:
+    """Times the stages and reports them to `progress`; checks for Ctrl-C
+    between them."""
+
+    def __init__(self, progress: Progress, interrupts: _Interrupts):
+        self.progress = progress
+        self.interrupts = interrupts
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        self.interrupts.check()
+        self.progress(StageEvent(name))
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = time.perf_counter() - start
+        self.interrupts.check()
+        self.progress(StageEvent(name, seconds=self.seconds[name]))
+
+    def steps(self, name: str) -> Callable[[int, int], None]:
+        """A `(done, total)` callback that reports the steps of stage `name`."""
+
+        def step(done: int, total: int) -> None:
+            self.progress(StageEvent(name, done=done, total=total))
+
+        return step
+
+
+def _convert(model, run: _Run, imports, unsafe: bool, opset: int, external_data: str):
+    """Load, trace, convert and slim: (loaded model, slimmed proto, external?)."""
+    with run.stage("load"):
         loaded = loading.load(model, imports=imports, unsafe=unsafe)
-    shapes = shapes or validating.default_shapes(loaded)
     external = external_data == "always" or (
         external_data == "auto" and loaded.param_bytes > converting.LARGE_MODEL_BYTES
     )
-    with _stage("trace", stages, progress):
+    with run.stage("trace"):
         traced = tracing.trace(loaded)
-    with _stage("convert", stages, progress):
+    with run.stage("convert"):
         converted = converting.convert(traced, opset=opset)
-    with _stage("slim", stages, progress):
+    with run.stage("slim"):
         slimmed = slimming.slim(
             converted.proto,
             loaded.inputs,
@@ -286,62 +399,45 @@ def export_model(
             run_onnxslim=not external,
             model_name=loaded.model.name,
         )
+    return loaded, slimmed, external
 
-    with placement.staging_folder(output) as folder:
-        staged = placement.Targets(onnx=folder / output.name, report=folder / "report.json")
+
+@dataclass(frozen=True)
+class _Staged:
+    """The files of one export in its staging folder."""
+
+    graph: Path
+    data: Path | None
+    int8: Path
+    report: Path
+
+    @classmethod
+    def write(cls, proto, folder: Path, output: Path, external: bool) -> "_Staged":
+        # Fixed names inside the private folder: an output called `report.json`
+        # or `int8.onnx` cannot collide with another staged file.
+        graph = folder / "model.onnx"
         try:
-            written = _save(slimmed.proto, staged.onnx, external)
+            data = _save(proto, graph, external)
         except OSError as error:
             raise OutputError(
                 f"{argument('output', output)}: cannot write the ONNX file "
                 f"({error.strerror or error}); nothing at the output paths was changed"
             ) from error
-        file_bytes = sum(file.stat().st_size for file in written)
+        return cls(graph, data, folder / "model.int8.onnx", folder / "report.json")
 
-        def step(done: int, total: int) -> None:
-            progress(StageEvent("validate", done=done, total=total))
+    @property
+    def file_bytes(self) -> int:
+        return self.graph.stat().st_size + (self.data.stat().st_size if self.data else 0)
 
-        with _stage("validate", stages, progress):
-            validation = validating.validate(loaded, staged.onnx, shapes, atol, rtol, step)
-        int8 = None
-        if quantize and validation.passed:
-            with _stage("quantize", stages, progress):
-                int8 = _quantize(
-                    loaded, staged.onnx, staged.int8, shapes, evaluate, loaded.param_bytes
-                )
-        passed = validation.passed and (int8 is None or int8["passed"])
-        final = targets if passed else targets.failed()
-        with _stage("report", stages, progress):
-            if external and not passed:
-                _point_at_data(staged.onnx, final.data.name)
-            report = reporting.build_report(
-                loaded=loaded,
-                onnx_path=final.onnx,
-                opset=opset,
-                file_bytes=file_bytes,
-                slimmed=slimmed,
-                validation=validation,
-                stages=stages,
-                external_data=external,
-                extra=extra_report,
-            )
-            report["passed"] = passed
-            report["data_files"] = [str(final.data)] if external else []
-            report["report_path"] = str(final.report)
-            if int8 is not None:
-                report["int8"] = {"onnx_path": str(final.int8), **int8}
-        report["stage_seconds"]["report"] = round(stages["report"], 3)
-        placement.write_json(report, staged.report)
-        moves = [(staged.onnx, final.onnx), (staged.report, final.report)]
-        if external:
-            moves.append((staged.data, final.data))
-        if int8 is not None:
-            moves.append((staged.int8, final.int8))
-        with _signals_deferred():
-            placement.place(moves)
-
-    if not passed:
-        raise ValidationFailed(
-            _failure_message(report, validation, targets, final, atol, rtol), report
-        )
-    return report
+    def moves(self, final: placement.Targets, int8: bool) -> list[tuple[Path, Path]]:
+        """(staged, final) pairs of the files to place; the graph is pointed at
+        its data file's final name, which is named by its content."""
+        moves = [(self.graph, final.onnx)]
+        if self.data is not None:
+            digest = placement.file_digest(self.data)
+            data = final.onnx.with_name(placement.data_name(final.onnx.name, digest))
+            _point_at_data(self.graph, data.name)
+            moves.append((self.data, data))
+        if int8:
+            moves.append((self.int8, final.int8))
+        return moves

@@ -7,6 +7,7 @@ together. A failed export leaves every file the user had as it was and keeps
 its own files under `.failed` names, with their own report.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -33,10 +34,6 @@ class Targets:
     report: Path
 
     @property
-    def data(self) -> Path:
-        return data_path(self.onnx)
-
-    @property
     def int8(self) -> Path:
         return self.onnx.with_name(f"{self.onnx.stem}.int8{self.onnx.suffix or '.onnx'}")
 
@@ -44,17 +41,44 @@ class Targets:
         """Where the files of a failed export are kept instead."""
         return Targets(onnx=failed_path(self.onnx), report=failed_path(self.report))
 
-    def all_paths(self) -> list[Path]:
-        return [self.onnx, self.data, self.int8, self.report]
-
 
 def failed_path(path: Path) -> Path:
     """`model.onnx` -> `model.failed.onnx`; `model.report.json` -> `model.report.failed.json`."""
     return path.with_name(f"{path.stem}.failed{path.suffix}")
 
 
-def data_path(onnx_path: Path) -> Path:
-    return onnx_path.with_name(f"{onnx_path.name}.data")
+def data_name(onnx_name: str, digest: str) -> str:
+    """The data file of `NAME.onnx` is `NAME.onnx.<digest>.data`: named by its
+    content, so a new data file never replaces the one an older graph reads."""
+    return f"{onnx_name}.{digest}.data"
+
+
+def file_digest(path: Path) -> str:
+    """A short content hash of a (possibly multi-GB) file, read in chunks."""
+    digest = hashlib.blake2b(digest_size=8)
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _data_files_read_by(graph: Path) -> set[Path]:
+    """The external data files an existing ONNX graph reads (none if it is not
+    one, or cannot be parsed)."""
+    import onnx
+    from onnx import TensorProto
+
+    try:
+        proto = onnx.load(str(graph), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not ours to judge: then it reads nothing we own
+        return set()
+    found = set()
+    for tensor in proto.graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    found.add(graph.with_name(Path(entry.value).name))
+    return found
 
 
 def default_report_path(output: Path) -> Path:
@@ -106,26 +130,23 @@ def check_targets(targets: Targets, source: Path | None) -> None:
     with each other or with the model being exported."""
     _check_writable_file(targets.onnx, "output")
     _check_writable_file(targets.report, "report_path")
-    named = {
-        "output": targets.onnx,
-        "report_path": targets.report,
-        "output's data file": targets.data,
-        "output's int8 file": targets.int8,
-        "output's failed file": targets.failed().onnx,
-    }
-    items = list(named.items())
-    for index, (name, path) in enumerate(items):
+    failed = targets.failed()
+    # (what to call it in a message, path): the arguments by their own names,
+    # the files derived from the output by what they are.
+    files = [
+        (argument("output", targets.onnx), targets.onnx),
+        (argument("report_path", targets.report), targets.report),
+        (f"the int8 file {targets.int8}", targets.int8),
+        (f"the failed file {failed.onnx}", failed.onnx),
+        (f"the failed report {failed.report}", failed.report),
+    ]
+    for index, (name, path) in enumerate(files):
         if source is not None and _same_file(path, source):
-            raise OutputError(
-                f"{argument('output', targets.onnx)}: the {name} {path} is the model being "
-                "exported; choose another output name"
-            )
-        for other_name, other in items[index + 1 :]:
+            raise OutputError(f"{name}: is the model being exported; choose another output name")
+        for other_name, other in files[index + 1 :]:
             if _same_file(path, other):
                 raise OutputError(
-                    f"{argument(name if name in ('output', 'report_path') else 'output', path)}"
-                    f": the {name} and the {other_name} would be the same file; "
-                    "give them different names"
+                    f"{name}: the same file as {other_name}; give them different names"
                 )
 
 
@@ -188,12 +209,23 @@ def write_json(data: dict, path: Path) -> None:
 def place(moves: list[tuple[Path, Path]]) -> None:
     """Rename staged files onto their final paths, data files first.
 
-    Each rename is atomic; a graph is renamed only after the data file it reads,
-    so a reader never finds a new graph beside old data. Every placed file gets
-    the permissions a new file gets under the user's umask.
+    Each rename is atomic. A data file is named by its content, so placing it
+    never touches the data an older graph reads; the graph is renamed after it,
+    so a reader finds either the old graph with its old data or the new graph
+    with its new data. Data files that only the replaced graphs read are
+    removed last, and only those named like ours (`NAME.onnx.*.data`,
+    `NAME.onnx.data`). Every placed file gets the permissions a new file gets
+    under the user's umask.
     """
     mode = 0o666 & ~_umask()
     ordered = sorted(moves, key=lambda move: not move[0].name.endswith(".data"))
+    graphs = [final for staged, final in moves if not staged.name.endswith((".data", ".json"))]
+    old_data = set().union(*(_data_files_read_by(g) for g in graphs if g.exists()))
     for staged, final in ordered:
         os.chmod(staged, mode)
         os.replace(staged, final)
+    still_read = set().union(*(_data_files_read_by(g) for g in graphs))
+    for stale in old_data - still_read:
+        owner = next((g for g in graphs if stale.name.startswith(f"{g.name}.")), None)
+        if owner is not None and stale.name.endswith(".data") and stale.is_file():
+            stale.unlink(missing_ok=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from keras_layers.export.errors import UsageError, argument
+from keras_layers.export.errors import UsageError, argument, fix
 from keras_layers.export.loading import LoadedModel, flatten
 
 # An int8 model is judged by its predictions, not by tolerances. The grid's random
@@ -48,6 +48,10 @@ class Check:
     passed: bool
     top1_agreement: float | None = None
     problem: str | None = None  # shape mismatch, missing output, non-finite
+    # The share of Keras' own output that is NaN or infinite: a model that
+    # computes NaN is broken whatever the ONNX file does, so it fails the check
+    # unless the caller allows it.
+    keras_nonfinite: float = 0.0
 
 
 @dataclass
@@ -171,11 +175,23 @@ def _keras_outputs(loaded: LoadedModel, feeds: dict) -> dict:
     return {name: np.asarray(value) for name, value in zip(output_names, flat, strict=True)}
 
 
-def compare(label, name, got, expected, atol, rtol, valid=None) -> Check:
+def _same_nonfinite(got: np.ndarray, expected: np.ndarray) -> bool:
+    """NaN at the same places, and the same infinities at the same places."""
+    return (
+        np.array_equal(np.isnan(got), np.isnan(expected))
+        and np.array_equal(np.isinf(got), np.isinf(expected))
+        and np.array_equal(got[np.isinf(got)], expected[np.isinf(expected)])
+    )
+
+
+def compare(
+    label, name, got, expected, atol, rtol, valid=None, allow_nonfinite: bool = False
+) -> Check:
     """Compare one ONNX output with the Keras one; never raises.
 
     `valid` (batch, sequence) marks the real tokens; top-1 agreement counts only
-    those.
+    those. NaN or infinity in Keras' own output fails the check unless
+    `allow_nonfinite`; then the ONNX output must have the same ones.
     """
     if got is None:
         return Check(label, name, float("inf"), float("inf"), False, problem="missing output")
@@ -192,26 +208,40 @@ def compare(label, name, got, expected, atol, rtol, valid=None) -> Check:
     # would cost a gigabyte); integers and booleans as float64.
     dtype = got.dtype if np.issubdtype(got.dtype, np.floating) else np.float64
     got_f, expected_f = got.astype(dtype, copy=False), expected.astype(dtype, copy=False)
-    if not (np.isfinite(got_f).all() and np.isfinite(expected_f).all()):
-        same = np.array_equal(np.isnan(got_f), np.isnan(expected_f))
-        if not same:
-            return Check(label, name, float("inf"), float("inf"), False, problem="NaN differs")
+    nonfinite = float(np.mean(~np.isfinite(expected_f))) if expected_f.size else 0.0
+    problem = None
+    if not (np.isfinite(got_f).all() and nonfinite == 0.0):
+        if not _same_nonfinite(got_f, expected_f):
+            return Check(
+                label,
+                name,
+                float("inf"),
+                float("inf"),
+                False,
+                problem="NaN or infinity differs",
+                keras_nonfinite=nonfinite,
+            )
         finite = np.isfinite(got_f) & np.isfinite(expected_f)
         got_f, expected_f = got_f[finite], expected_f[finite]
+        if not allow_nonfinite:
+            problem = (
+                f"Keras' own output is {nonfinite:.1%} NaN or infinity; fix the model, "
+                f"or allow it with {fix('allow_nonfinite')}"
+            )
     diff = np.abs(got_f - expected_f)
     magnitude = np.abs(expected_f)
     max_abs = float(diff.max()) if diff.size else 0.0
     # Relative difference where it means something: away from zero.
     meaningful = magnitude > atol
     max_rel = float((diff[meaningful] / magnitude[meaningful]).max()) if meaningful.any() else 0.0
-    passed = bool(np.all(diff <= atol + rtol * magnitude))
+    passed = problem is None and bool(np.all(diff <= atol + rtol * magnitude))
     top1 = None
     if got.ndim >= 2 and got.shape[-1] > 1 and np.issubdtype(got.dtype, np.floating):
         same = got.argmax(-1) == expected.argmax(-1)
         if valid is not None and same.shape == valid.shape and valid.any():
             same = same[valid]
         top1 = float(np.mean(same))
-    return Check(label, name, max_abs, max_rel, passed, top1)
+    return Check(label, name, max_abs, max_rel, passed, top1, problem, nonfinite)
 
 
 def _valid_positions(loaded: LoadedModel, feeds: dict):
@@ -243,6 +273,7 @@ def validate(
     rtol=DEFAULT_RTOL,
     on_step: Callable[[int, int], None] | None = None,
     quantized: bool = False,
+    allow_nonfinite: bool = False,
 ) -> Validation:
     """Run ONNX Runtime and Keras over the grid; `quantized` judges int8 models
     by top-1 agreement instead of tolerances. `on_step(done, total)` is called
@@ -261,7 +292,9 @@ def validate(
         got = dict(zip(onnx_outputs, session.run(None, feeds), strict=True))
         valid = _valid_positions(loaded, feeds)
         for name, value in expected.items():
-            check = compare(shape_label(shape), name, got.get(name), value, atol, rtol, valid)
+            check = compare(
+                shape_label(shape), name, got.get(name), value, atol, rtol, valid, allow_nonfinite
+            )
             if quantized:
                 check = judge_by_predictions(check, got.get(name), value)
             result.checks.append(check)
