@@ -530,3 +530,23 @@ def test_api_refuses_what_is_not_a_model(tmp_path):
 
     with pytest.raises(UsageError, match="expected a keras.Model or the path"):
         export_model(42, tmp_path / "x.onnx")
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class Log(keras.layers.Layer):
+    """log(x): NaN for about half of the grid's standard-normal inputs."""
+
+    def call(self, x):
+        return keras.ops.log(x)
+
+
+def test_nan_in_keras_own_outputs_fails_unless_allowed(tmp_path):
+    inputs = keras.Input((4,), name="x")
+    model = keras.Model(inputs, Log(name="log")(inputs))
+    with pytest.raises(ValidationFailed, match="NaN or infinity") as raised:
+        export_model(model, tmp_path / "nan.onnx", shapes=[(8, 4)])
+    (check,) = raised.value.report["checks"]
+    assert 0.2 < check["keras_nonfinite"] < 0.8
+    assert "allow_nonfinite=True" in check["problem"]
+    report = export_model(model, tmp_path / "nan.onnx", shapes=[(8, 4)], allow_nonfinite=True)
+    assert report["passed"] and report["checks"][0]["keras_nonfinite"] > 0.2

@@ -46,6 +46,22 @@ def build_report(
     external_data: bool,
     extra: dict | None = None,
 ) -> dict:
+    """Every stage's figures as one JSON-ready dict (written by `placement`).
+
+    Args:
+        loaded: the loaded model and its inputs and outputs.
+        onnx_path: where the ONNX file ends up.
+        opset: the ONNX opset converted to.
+        file_bytes: the size of the graph plus its data file.
+        slimmed: the slim stage's result (node counts, fusions, shared weights).
+        validation: the checks.
+        stages: seconds per stage so far.
+        external_data: whether the weights are in a data file.
+        extra: entries added as they are (the demo's metrics).
+
+    Returns:
+        The report; `docs/export.md` ("The report") describes each field.
+    """
     worst = validation.worst()
     report = {
         "passed": validation.passed,

@@ -98,6 +98,15 @@ def _attention_as_batched_matmuls():
 
 
 def trace(loaded: LoadedModel) -> TracedModel:
+    """Wrap the model in a `tf.function` whose weights are inputs.
+
+    Args:
+        loaded: the model and its described inputs and outputs (`loading.load`).
+
+    Returns:
+        The traced function, its input signature (the model's inputs, then one
+        spec per unique weight) and the weights in that order.
+    """
     import keras
     import tensorflow as tf
 

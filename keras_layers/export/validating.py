@@ -275,9 +275,22 @@ def validate(
     quantized: bool = False,
     allow_nonfinite: bool = False,
 ) -> Validation:
-    """Run ONNX Runtime and Keras over the grid; `quantized` judges int8 models
-    by top-1 agreement instead of tolerances. `on_step(done, total)` is called
-    after each grid point."""
+    """Run ONNX Runtime and Keras on the same inputs over the grid.
+
+    Args:
+        loaded: the Keras model (`loading.load`).
+        onnx_path: the ONNX file to check.
+        shapes: the grid (`(batch, sequence)` pairs and `"padded"`); default
+            `default_shapes(loaded)`.
+        atol: absolute tolerance.
+        rtol: relative tolerance, times |Keras output|.
+        on_step: called as `on_step(done, total)` after each grid point.
+        quantized: judge an int8 file by top-1 agreement instead of tolerances.
+        allow_nonfinite: accept NaN or infinity in Keras' own outputs.
+
+    Returns:
+        One `Check` per output and grid point; `passed` when all pass.
+    """
     import onnxruntime as ort
 
     start = time.perf_counter()
