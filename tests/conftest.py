@@ -20,7 +20,7 @@ def policy():
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 # Property tests: a fast profile for the default suite, a thorough one on demand
-# (HYPOTHESIS_PROFILE=thorough python -m pytest tests/test_properties.py).
+# (HYPOTHESIS_PROFILE=thorough python -m pytest tests/test_properties.py tests/test_fuzz.py).
 settings.register_profile(
     "fast",
     max_examples=15,
@@ -30,7 +30,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "thorough",
-    max_examples=300,
+    max_examples=2000,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

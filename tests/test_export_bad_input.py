@@ -1,6 +1,8 @@
 """Bad input to `python export/to_onnx.py`: one clear line, exit 2, nothing written."""
 
 import os
+import resource
+import signal
 import subprocess
 import sys
 import textwrap
@@ -11,11 +13,15 @@ import keras
 import pytest
 from models import lambda_model, save, sequential_model
 
+from keras_layers.export import loading
 from keras_layers.export.cli import main
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 
 ROOT = Path(__file__).resolve().parent.parent
+MIB = 1 << 20
+# A refusal takes well under a second; a check that opens a named pipe blocks forever.
+HANG_SECONDS = 120
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +30,18 @@ def good_model(tmp_path_factory):
 
 
 def run_cli(capsys, *argv):
-    code = main([str(a) for a in argv])
+    """The command in this process, failing the test instead of hanging."""
+
+    def hung(signum: int, frame: object) -> None:
+        pytest.fail(f"the command still runs after {HANG_SECONDS} s (blocked on its input?)")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(HANG_SECONDS)
+    try:
+        code = main([str(a) for a in argv])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -58,6 +75,43 @@ def make_no_config(directory: Path) -> Path:
     return path
 
 
+def rezip(good: Path, path: Path, entries: dict[str, bytes | int]) -> Path:
+    """The good model's archive at `path`, with `entries` replacing or joining its own.
+
+    An entry given as bytes is stored as it is; one given as an int is that many
+    spaces, deflated as it is written 1 MiB at a time, so that the test never holds
+    it in memory and the archive stays about a thousand times smaller.
+    """
+    with zipfile.ZipFile(good) as source, zipfile.ZipFile(path, "w") as archive:
+        for item in source.infolist():
+            if item.filename not in entries:
+                archive.writestr(item.filename, source.read(item))
+        for name, content in entries.items():
+            if isinstance(content, bytes):
+                archive.writestr(name, content)
+                continue
+            info = zipfile.ZipInfo(name)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with archive.open(info, "w", force_zip64=True) as entry:
+                for _ in range(content // MIB):
+                    entry.write(b" " * MIB)
+    return path
+
+
+def make_fifo(directory: Path) -> Path:
+    path = directory / "pipe.keras"
+    os.mkfifo(path)
+    return path
+
+
+def make_string_input(directory: Path) -> Path:
+    text = keras.Input(shape=(), dtype="string", name="text")
+    ids = keras.layers.StringLookup(vocabulary=["a", "b", "c"], name="lookup")(text)
+    vectors = keras.layers.Embedding(5, 4)(ids)
+    model = keras.Model(text, keras.layers.Dense(2)(vectors))
+    return save(model, directory / "text.keras")
+
+
 CASES = {
     "missing file": (lambda d, g: [d / "missing.keras"], ["no such file"]),
     "not a .keras archive": (
@@ -67,6 +121,30 @@ CASES = {
     "corrupt archive": (lambda d, g: [make_corrupt(d, g)], ["corrupt"]),
     "zip without config": (lambda d, g: [make_no_config(d)], ["no config.json"]),
     "directory as model": (lambda d, g: [d], ["is a directory"]),
+    "named pipe as model": (lambda d, g: [make_fifo(d)], ["pipe.keras", "is a named pipe"]),
+    "device as model": (lambda d, g: [Path(os.devnull)], ["is a device", "regular file"]),
+    "config is not JSON": (
+        lambda d, g: [rezip(g, d / "bad.keras", {"config.json": b"{'not': json"})],
+        ["bad.keras", "config.json is not valid JSON", "re-save"],
+    ),
+    "config nested 3000 deep": (
+        lambda d, g: [rezip(g, d / "deep.keras", {"config.json": b"[" * 3000 + b"]" * 3000})],
+        ["deep.keras", "config.json nests 3000 levels deep", "re-save"],
+    ),
+    # 64 MiB of spaces stored in about 64 KB: over 100:1, inflated by nothing.
+    "asset that inflates 1000 times": (
+        lambda d, g: [rezip(g, d / "asset.keras", {"assets/big.txt": 64 * MIB})],
+        ["asset.keras", "assets/big.txt", "decompression bomb"],
+    ),
+    # Each 1 MiB entry is under the per-entry floor; together 100 MiB from 170 KB.
+    "many small entries that inflate 1000 times": (
+        lambda d, g: [rezip(g, d / "many.keras", {f"assets/{i}.txt": MIB for i in range(100)})],
+        ["many.keras", "entries would inflate", "decompression bomb"],
+    ),
+    "string input": (
+        lambda d, g: [make_string_input(d)],
+        ["text.keras", "'text' takes strings", "text preprocessing", "token ids"],
+    ),
     "unknown --opset": (
         lambda d, g: [g, "--opset", "99"],
         ["--opset 99", "unsupported"],
@@ -98,6 +176,34 @@ def test_bad_input_is_one_line_and_exit_2(case, tmp_path, good_model, capsys):
     assert_one_clear_line(err, *phrases)
     assert sorted(p.name for p in work.iterdir()) == before  # nothing written
     assert good_model.read_bytes() == good_bytes
+
+
+def test_a_config_bomb_is_refused_without_inflating_it(tmp_path, good_model, capsys):
+    # 2 GiB of spaces in a 2 MB file: reading it took gigabytes of memory.
+    bomb = rezip(good_model, tmp_path / "bomb.keras", {"config.json": 2048 * MIB})
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    code, _, err = run_cli(capsys, bomb, "-o", tmp_path / "out.onnx")
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_kib) / 1024
+    assert code == 2
+    assert_one_clear_line(err, "bomb.keras", "config.json would inflate to 2.0 GiB")
+    assert grown_mib < 300, f"the peak memory grew by {grown_mib:.0f} MiB"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bomb.keras"]
+
+
+@pytest.mark.parametrize(
+    "text, depth",
+    [
+        (b'{"a": [1, {"b": []}], "c": {}}', 4),
+        (b'{"name": "[[{{", "x": ["\\"]]", "\\\\", "{"]}', 2),
+        (b'["\\\\\\"[", "]"]', 1),
+        (b"[" * 3000 + b"]" * 3000, 3000),
+        # A string across the scan's 1 MiB pieces, then an array.
+        (b'{"s": "' + b"[" * (3 * MIB) + b'", "l": [[[]]]}', 4),
+        (b'"plain"', 0),
+    ],
+)
+def test_config_nesting_is_measured_outside_strings(text, depth):
+    assert loading._nesting_depth(text) == depth
 
 
 @pytest.mark.parametrize(
@@ -212,3 +318,23 @@ def test_unknown_custom_layer_suggests_import(tmp_path):
     )
     assert accepted.returncode == 0, accepted.stderr
     assert (tmp_path / "custom.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    "body, phrase",
+    [("import sys\nsys.exit(3)\n", "SystemExit"), ("raise RuntimeError('boom')\n", "boom")],
+)
+def test_an_import_that_exits_is_a_usage_error(
+    tmp_path, good_model, capsys, monkeypatch, body, phrase
+):
+    """An --import module that calls sys.exit or raises ends in exit 2, one line;
+    the export never stops with the module's own code."""
+    (tmp_path / "exits_on_import.py").write_text(body)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(
+        capsys, good_model, "-o", tmp_path / "o.onnx", "--import", "exits_on_import"
+    )
+    assert code == 2
+    assert_one_clear_line(err, "--import exits_on_import", phrase)
+    assert not (tmp_path / "o.onnx").exists()
+    sys.modules.pop("exits_on_import", None)

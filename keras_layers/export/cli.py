@@ -35,7 +35,12 @@ FLAGS = {
     "quantize": "--quantize",
     "allow_nonfinite": "--allow-nonfinite",
 }
-FIXES = {"unsafe": "--unsafe", "imports": "--import MODULE", "allow_nonfinite": "--allow-nonfinite"}
+FIXES = {
+    "unsafe": "--unsafe",
+    "imports": "--import MODULE",
+    "allow_nonfinite": "--allow-nonfinite",
+    "shapes": "--shapes BxS,...",
+}
 
 
 def default_demo_dir() -> Path:

@@ -23,6 +23,7 @@ _API_FIXES = {
     "unsafe": "unsafe=True",
     "imports": "imports=['MODULE']",
     "allow_nonfinite": "allow_nonfinite=True",
+    "shapes": "shapes=[(batch, sequence), ...]",
 }
 _wording: ContextVar[tuple[Mapping, Mapping] | None] = ContextVar("wording", default=None)
 

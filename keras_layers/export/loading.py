@@ -4,17 +4,62 @@ import importlib
 import json
 import os
 import re
+import shutil
+import stat
 import sys
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from keras_layers.export.errors import ModelLoadError, UsageError, argument, fix
 
 # Dtype policies whose variables are float32 but whose compute is half
 # precision, and pure half-precision policies: all are exported in float32.
 _HALF_POLICIES = ("mixed_float16", "mixed_bfloat16", "float16", "bfloat16")
+
+# Limits on a `.keras` archive, checked from the sizes its zip central directory
+# declares before any entry is inflated. Python's zipfile never inflates an entry
+# past its declared size (reading past it fails the CRC check), so these sizes bound
+# what we and Keras can be made to read, extract or hold in memory.
+#
+# config.json: Keras writes about 1 KB a layer (keras-hub's BertBackbone 521 bytes, the
+# 3-input functional model of tests/models.py 8 KB, 400 Dense layers 394 KB); the
+# largest measured, a StringLookup holding a 250,000-token vocabulary, 3.1 MB. Parsing
+# can take 25 times the text (16 MiB of `[],` becomes 400 MB of lists, 64 MiB 1.5 GB),
+# so 16 MiB: five times that vocabulary, and a bounded parse.
+_MAX_CONFIG_BYTES = 16 << 20
+# How deeply config.json's arrays and objects may nest. json.loads, Keras and
+# `_float32_config` recurse per level, so a config nested thousands deep raises
+# RecursionError there; it is refused from an iterative scan first. Measured: keras-hub
+# BertBackbone 4 levels, BertTextClassifier 6, a functional model 10, ten functional
+# models each wrapping the next 37 (about 3 per model). 200 leaves room for 60 nested
+# models and keeps `_float32_config` (2 frames per level) far from Python's 1000 frames.
+_MAX_CONFIG_DEPTH = 200
+# Keras stores entries uncompressed, and weights (float noise) barely deflate, so a
+# real entry inflates about 1:1 (text assets, re-zipped, about 4:1); deflate reaches
+# 1032:1 only on repetitive filler. An entry over 1 MiB that would inflate more than
+# 100 times its stored size is a decompression bomb. (Keras' own guard uses the same
+# ratio, but only above 256 MiB, after our float32 copy has read the archive.)
+_MAX_INFLATION = 100
+_INFLATION_FLOOR_BYTES = 1 << 20
+# Entries under the floor escape that test, and thousands of small ones could add up to
+# gigabytes: the whole archive may inflate to at most 100 times its size plus room for
+# the small entries, config.json included.
+_INFLATION_SLACK_BYTES = _MAX_CONFIG_BYTES
+# Entries are copied and scanned in pieces of this size, never whole.
+_CHUNK_BYTES = 1 << 20
+# What reading a damaged entry raises: a bad CRC or header, a truncated file, a bad
+# deflate stream, an unknown compression method, an encrypted entry (RuntimeError).
+_ZIP_ERRORS = (zipfile.BadZipFile, OSError, EOFError, zlib.error, NotImplementedError, RuntimeError)
+
+# +1 for a byte that opens a JSON array or object, -1 for one that closes it.
+_NESTING_STEPS = np.zeros(256, np.int8)
+_NESTING_STEPS[[ord("["), ord("{")]] = 1
+_NESTING_STEPS[[ord("]"), ord("}")]] = -1
 
 
 @dataclass
@@ -96,12 +141,34 @@ def import_modules(names: list) -> None:
 
 
 def _check_archive(path: Path) -> None:
-    if not path.exists():
-        raise ModelLoadError(f"{path}: no such file")
-    if path.is_dir():
+    """Refuse a MODEL path that is not a sound `.keras` archive of sane size.
+
+    The file's kind is checked before it is opened (a named pipe would block the
+    open forever), and the entries' sizes before any is inflated. config.json's
+    content is checked where it is read, by `_read_config`.
+    """
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path}: no such file") from None
+    except OSError as error:
+        raise ModelLoadError(f"{path}: cannot read it ({error.strerror or error})") from error
+    if stat.S_ISDIR(mode):
         raise ModelLoadError(
             f"{path}: is a directory, not a .keras file (a SavedModel? load it in "
             "Keras and re-save it with model.save('model.keras'))"
+        )
+    if not stat.S_ISREG(mode):
+        kind = (
+            "a named pipe"
+            if stat.S_ISFIFO(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "a device"
+        )
+        raise ModelLoadError(
+            f"{path}: is {kind}, not a regular file; save the model to a file with "
+            "model.save('model.keras') and pass that file"
         )
     if not zipfile.is_zipfile(path):
         raise ModelLoadError(
@@ -110,27 +177,133 @@ def _check_archive(path: Path) -> None:
         )
     try:
         with zipfile.ZipFile(path) as archive:
-            names = set(archive.namelist())
+            _check_entries(path, archive)
+            # The CRC pass is kept: once the sizes are known to be sane it costs one
+            # read of the archive in 1 MiB pieces, small beside the conversion. Keras
+            # alone would not catch every corrupt entry: when reading model.weights.h5
+            # fails it falls back to h5py reading the entry through seeks, and from
+            # Python 3.12 on zipfile stops checking an entry's CRC once it is seeked.
             broken = archive.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError) as error:
+    except _ZIP_ERRORS as error:
         raise ModelLoadError(f"{path}: corrupt .keras archive ({error})") from error
     if broken is not None:
         raise ModelLoadError(f"{path}: corrupt .keras archive (bad entry {broken})")
-    if "config.json" not in names:
-        raise ModelLoadError(f"{path}: not a .keras archive (no config.json inside the zip)")
+
+
+def _size(count: int) -> str:
+    for unit in ("bytes", "KiB", "MiB"):
+        if count < 1024:
+            return f"{count:.0f} {unit}"
+        count /= 1024
+    return f"{count:.1f} GiB"
+
+
+def _check_entries(path: Path, archive: zipfile.ZipFile) -> None:
+    """Refuse an archive without config.json, or a decompression bomb, from the
+    zip's central directory alone: nothing is inflated."""
+    fix_it = "re-save the model with model.save('model.keras')"
+    try:
+        config = archive.getinfo("config.json")  # the entry `open` would read
+    except KeyError:
+        raise ModelLoadError(
+            f"{path}: not a .keras archive (no config.json inside the zip)"
+        ) from None
+    if config.file_size > _MAX_CONFIG_BYTES:
+        raise ModelLoadError(
+            f"{path}: config.json would inflate to {_size(config.file_size)}, more than "
+            f"the {_size(_MAX_CONFIG_BYTES)} a model config may take; {fix_it}"
+        )
+    entries = archive.infolist()
+    for entry in entries:
+        if (
+            entry.file_size > _INFLATION_FLOOR_BYTES
+            and entry.file_size > _MAX_INFLATION * entry.compress_size
+        ):
+            raise ModelLoadError(
+                f"{path}: the entry {entry.filename} would inflate from "
+                f"{_size(entry.compress_size)} to {_size(entry.file_size)}, more than "
+                f"{_MAX_INFLATION} times, like a decompression bomb; {fix_it}"
+            )
+    total = sum(entry.file_size for entry in entries)
+    limit = _MAX_INFLATION * path.stat().st_size + _INFLATION_SLACK_BYTES
+    if total > limit:
+        raise ModelLoadError(
+            f"{path}: its {len(entries)} entries would inflate to {_size(total)}, more "
+            f"than the {_size(limit)} a model archive of its size can hold, like a "
+            f"decompression bomb; {fix_it}"
+        )
+
+
+def _nesting_depth(text: bytes) -> int:
+    """How deeply the arrays and objects of a JSON text nest.
+
+    Found without recursion, in 1 MiB pieces. Brackets inside strings do not count:
+    escaped backslashes and quotes are dropped first, so every quote left opens or
+    closes a string, and a byte is inside one when an odd number of quotes precede it.
+    """
+    codes = np.frombuffer(text.replace(b"\\\\", b"").replace(b'\\"', b""), np.uint8)
+    deepest = depth = 0
+    quotes = 0  # parity of the quotes before the piece
+    for start in range(0, len(codes), _CHUNK_BYTES):
+        piece = codes[start : start + _CHUNK_BYTES]
+        # uint8 counts wrap at 256, which keeps their parity.
+        parity = np.cumsum(piece == ord('"'), dtype=np.uint8) + quotes
+        steps = np.where(parity % 2 == 0, _NESTING_STEPS[piece], 0)
+        levels = depth + np.cumsum(steps, dtype=np.int64)
+        deepest = max(deepest, int(levels.max()))
+        depth, quotes = int(levels[-1]), int(parity[-1]) % 2
+    return deepest
+
+
+def _read_config(path: Path, archive: zipfile.ZipFile) -> dict:
+    """config.json of an archive `_check_entries` passed, read with a bounded read,
+    its nesting checked before it is parsed."""
+    fix_it = "re-save the model with model.save('model.keras')"
+    try:
+        with archive.open("config.json") as entry:
+            text = entry.read(_MAX_CONFIG_BYTES + 1)
+    except _ZIP_ERRORS as error:
+        raise ModelLoadError(f"{path}: corrupt .keras archive ({error})") from error
+    if len(text) > _MAX_CONFIG_BYTES:
+        raise ModelLoadError(
+            f"{path}: config.json is larger than the {_size(_MAX_CONFIG_BYTES)} a model "
+            f"config may take; {fix_it}"
+        )
+    depth = _nesting_depth(text)
+    if depth > _MAX_CONFIG_DEPTH:
+        raise ModelLoadError(
+            f"{path}: config.json nests {depth} levels deep, more than the "
+            f"{_MAX_CONFIG_DEPTH} a model config can need; {fix_it}"
+        )
+    try:
+        config = json.loads(text)
+    except ValueError as error:  # JSONDecodeError, or bytes that are not text
+        raise ModelLoadError(
+            f"{path}: config.json is not valid JSON ({error}); {fix_it}"
+        ) from error
+    if not isinstance(config, dict):
+        raise ModelLoadError(
+            f"{path}: config.json holds a JSON {type(config).__name__}, not a model "
+            f"config; {fix_it}"
+        )
+    return config
 
 
 def _float32_config(config):
     """Replace half-precision dtype policies in a model config with float32.
 
-    Returns the new config and the sorted list of policies replaced.
+    Returns the new config and the sorted list of policies replaced. This recurses
+    per level of `config`: it only ever gets one from `_read_config`, whose depth
+    limit keeps it far from Python's recursion limit.
     """
     replaced = set()
 
     def visit(node):
         if isinstance(node, dict):
-            if node.get("class_name") == "DTypePolicy":
-                name = node.get("config", {}).get("name")
+            policy = node.get("config")
+            if node.get("class_name") == "DTypePolicy" and isinstance(policy, dict):
+                # (A policy whose config is not a dict is Keras' to refuse.)
+                name = policy.get("name")
                 if name in _HALF_POLICIES:
                     replaced.add(name)
                     node = {**node, "config": {**node["config"], "name": "float32"}}
@@ -157,20 +330,32 @@ def _policy_string(value, replaced):
     return value
 
 
-def _float32_archive(path: Path, workdir: Path):
-    """A copy of the archive whose config computes in float32, if it needs one."""
+def _float32_archive(path: Path, workdir: Path) -> tuple[Path, list]:
+    """A copy of the archive whose config computes in float32, if it needs one.
+
+    The sizes are checked again here, where the archive is read, so that no
+    archive reaches this read unchecked (the in-memory path comes straight here).
+    """
     with zipfile.ZipFile(path) as archive:
-        config = json.loads(archive.read("config.json"))
+        _check_entries(path, archive)
+        config = _read_config(path, archive)
         new_config, replaced = _float32_config(config)
         if not replaced:
             return path, []
         copy = workdir / path.name
         with zipfile.ZipFile(copy, "w") as out:
             for item in archive.infolist():
-                data = archive.read(item.filename)
+                entry = zipfile.ZipInfo(item.filename, item.date_time)
+                entry.compress_type = item.compress_type
+                entry.external_attr = item.external_attr
                 if item.filename == "config.json":
-                    data = json.dumps(new_config).encode()
-                out.writestr(item, data)
+                    out.writestr(entry, json.dumps(new_config).encode())
+                    continue
+                # Piece by piece: the weights can take gigabytes. The declared size
+                # lets zipfile choose zip64 for an entry over 4 GiB.
+                entry.file_size = item.file_size
+                with archive.open(item) as source, out.open(entry, "w") as target:
+                    shutil.copyfileobj(source, target, _CHUNK_BYTES)
     return copy, replaced
 
 
@@ -382,6 +567,15 @@ def load(model, imports=(), unsafe=False) -> LoadedModel:
     inputs, outputs, input_structure, output_structure = _describe(model)
     if not inputs:
         raise ModelLoadError(f"{path or argument('model')}: the model has no inputs")
+    strings = [tensor.name for tensor in inputs if tensor.dtype == "string"]
+    if strings:
+        # tf2onnx has no ONNX op for TensorFlow's string lookup tables, so the
+        # conversion would fail late, on `LookupTableFindV2`.
+        raise ModelLoadError(
+            f"{path or argument('model')}: the input {strings[0]!r} takes strings, and "
+            "string inputs cannot be exported; export the model after its text "
+            "preprocessing, taking token ids in"
+        )
     return LoadedModel(
         model=model,
         path=path,

@@ -97,6 +97,17 @@ def _attention_as_batched_matmuls():
         nn._dot_product_attention_xla = original
 
 
+def _raise_if_keras_itself_fails(loaded: LoadedModel) -> None:
+    """Tell a model that cannot run in Keras (a usage error, exit 2) from a
+    failure of the trace (a bug of ours, exit 3): run it eagerly on one small
+    generated input, outside any tracing."""
+    import numpy as np
+
+    from keras_layers.export.validating import keras_outputs, make_inputs
+
+    keras_outputs(loaded, make_inputs(loaded, (1, 3), np.random.default_rng(0)), "1x3")
+
+
 def trace(loaded: LoadedModel) -> TracedModel:
     """Wrap the model in a `tf.function` whose weights are inputs.
 
@@ -135,6 +146,10 @@ def trace(loaded: LoadedModel) -> TracedModel:
         return dict(zip(output_names, outputs, strict=True))
 
     function = tf.function(serve, input_signature=signature, autograph=False)
-    with _attention_as_batched_matmuls():
-        function.get_concrete_function(*signature)  # traced now, reused by convert
+    try:
+        with _attention_as_batched_matmuls():
+            function.get_concrete_function(*signature)  # traced now, reused by convert
+    except Exception:
+        _raise_if_keras_itself_fails(loaded)
+        raise  # Keras runs the model: the failure is the trace's, ours to fix
     return TracedModel(function, signature, input_names, output_names, weights)

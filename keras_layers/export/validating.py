@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from keras_layers.export.errors import UsageError, argument, fix
+from keras_layers.export.errors import UsageError, argument, fix, one_line
 from keras_layers.export.loading import LoadedModel, flatten
 
 # An int8 model is judged by its predictions, not by tolerances. The grid's random
@@ -162,7 +162,13 @@ def shape_label(shape) -> str:
     return shape if shape == PADDED else f"{shape[0]}x{shape[1]}"
 
 
-def _keras_outputs(loaded: LoadedModel, feeds: dict) -> dict:
+def keras_outputs(loaded: LoadedModel, feeds: dict, label: str) -> dict:
+    """Keras' outputs for one grid point, keyed by output name.
+
+    Raises:
+        UsageError: Keras itself fails on the input (`label` names its shape):
+            the model, not the export, cannot run it.
+    """
     names = [info.name for info in loaded.inputs]
     if loaded.input_structure == "dict":
         args = feeds
@@ -171,7 +177,14 @@ def _keras_outputs(loaded: LoadedModel, feeds: dict) -> dict:
     else:
         args = feeds[names[0]]
     output_names = [info.name for info in loaded.outputs]
-    flat = flatten(loaded.model(args, training=False), output_names)
+    try:
+        flat = flatten(loaded.model(args, training=False), output_names)
+    except Exception as error:  # noqa: BLE001 - the model's own failure, reported as such
+        detail = one_line(f"{type(error).__name__}: {error}", 300)
+        raise UsageError(
+            f"the model fails in Keras itself on the generated {label} input ({detail}); "
+            f"check that it runs in Keras, or give a grid it accepts with {fix('shapes')}"
+        ) from error
     return {name: np.asarray(value) for name, value in zip(output_names, flat, strict=True)}
 
 
@@ -301,7 +314,7 @@ def validate(
     grid = shapes or default_shapes(loaded)
     for done, shape in enumerate(grid, start=1):
         feeds = make_inputs(loaded, shape, rng)
-        expected = _keras_outputs(loaded, feeds)
+        expected = keras_outputs(loaded, feeds, shape_label(shape))
         got = dict(zip(onnx_outputs, session.run(None, feeds), strict=True))
         valid = _valid_positions(loaded, feeds)
         for name, value in expected.items():
