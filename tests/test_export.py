@@ -550,3 +550,41 @@ def test_nan_in_keras_own_outputs_fails_unless_allowed(tmp_path):
     assert "allow_nonfinite=True" in check["problem"]
     report = export_model(model, tmp_path / "nan.onnx", shapes=[(8, 4)], allow_nonfinite=True)
     assert report["passed"] and report["checks"][0]["keras_nonfinite"] > 0.2
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class ScaleByEagerConstant(keras.layers.Layer):
+    """Holds a tensor made eagerly, as GemmaBackbone's sqrt(hidden_dim): the
+    trace captures it from outside the function."""
+
+    def build(self, input_shape):
+        self.factor = keras.ops.convert_to_tensor(np.float32(3.0))
+
+    def call(self, x):
+        return x * self.factor
+
+
+def test_a_captured_constant_is_folded_not_a_graph_input(tmp_path):
+    inputs = keras.Input((4,), name="x")
+    model = keras.Model(inputs, ScaleByEagerConstant()(inputs))
+    report = export_model(model, tmp_path / "c.onnx", shapes=[(2, 4)])
+    assert report["passed"]
+    assert [i.name for i in onnx.load(tmp_path / "c.onnx").graph.input] == ["x"]
+
+
+def test_gemma_backbone_exports_with_its_captured_scale(tmp_path):
+    import keras_hub
+    keras.utils.set_random_seed(11)
+    model = keras_hub.models.GemmaBackbone(
+        vocabulary_size=100,
+        num_layers=1,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=16,
+        intermediate_dim=32,
+        head_dim=8,
+    )
+    report = export_model(model, tmp_path / "gemma.onnx", shapes=[(2, 5), "padded"])
+    assert report["passed"]
+    names = sorted(i.name for i in onnx.load(tmp_path / "gemma.onnx").graph.input)
+    assert names == ["padding_mask", "token_ids"]

@@ -164,6 +164,37 @@ def _numpy_product_alias() -> Iterator[None]:
         del np.product
 
 
+def _captured_constants(concrete, explicit: int) -> dict:
+    """Tensors the traced function captured from outside, by placeholder name.
+
+    A model may hold a tensor made eagerly (Gemma's `sqrt(hidden_dim)`): the
+    trace captures it as an extra placeholder after the signature's inputs,
+    and tf2onnx would make it a graph input that no caller can feed. Its value
+    is known; `_captures_to_initializers` stores it as a constant.
+    """
+    import tensorflow as tf
+
+    placeholders = concrete.inputs[explicit:]
+    return {
+        placeholder.name: value.numpy()
+        for placeholder, value in zip(placeholders, concrete.captured_inputs, strict=False)
+        if placeholder.dtype != tf.dtypes.resource and hasattr(value, "numpy")
+    }
+
+
+def _captures_to_initializers(proto, captured: dict) -> None:
+    """Replace graph inputs fed by captured constants with initializers."""
+    from onnx import numpy_helper
+
+    graph = proto.graph
+    names = {value.name for value in graph.input} & set(captured)
+    for position in reversed(range(len(graph.input))):
+        if graph.input[position].name in names:
+            del graph.input[position]
+    for name in sorted(names):
+        graph.initializer.append(numpy_helper.from_array(captured[name], name))
+
+
 def _tf2onnx(traced: TracedModel, opset: int):
     import tensorflow as tf
     from tf2onnx import convert, optimizer, tf_loader, tf_utils, tfonnx
@@ -173,6 +204,7 @@ def _tf2onnx(traced: TracedModel, opset: int):
 
     concrete = traced.function.get_concrete_function(*traced.signature)
     inputs = [t.name for t in concrete.inputs if t.dtype != tf.dtypes.resource]
+    captured = _captured_constants(concrete, len(traced.signature))
     outputs = [t.name for t in concrete.outputs if t.dtype != tf.dtypes.resource]
     renames = convert.tensor_names_from_structed(concrete, inputs, outputs)
     with tf.device("/cpu:0"):
@@ -201,6 +233,7 @@ def _tf2onnx(traced: TracedModel, opset: int):
         raise ConversionError(_unsupported_message(unconverted))
     _inline_external_tensors(proto, storage)
     _weights_to_initializers(proto, traced)
+    _captures_to_initializers(proto, captured)
     return proto
 
 
