@@ -34,6 +34,7 @@ FLAGS = {
     "external_data": "--external-data",
     "quantize": "--quantize",
     "allow_nonfinite": "--allow-nonfinite",
+    "input_roles": "--input",
 }
 FIXES = {
     "unsafe": "--unsafe",
@@ -87,6 +88,17 @@ def _shapes(text: str) -> list:
             )
         shapes.append((int(match.group(1)), int(match.group(2))))
     return shapes
+
+
+def _input_role(text: str) -> tuple[str, str]:
+    """`--input NAME=ROLE[@AXIS]` -> (NAME, "ROLE[@AXIS]")."""
+    from keras_layers.export.inputs import parse_override
+
+    try:
+        name, role, axis = parse_override(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return name, f"{role}@{axis}" if axis else role
 
 
 def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
@@ -170,6 +182,17 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
         "--quantize",
         choices=QUANTIZE_CHOICES,
         help="also write OUT.int8.onnx (dynamic int8), judged by top-1 agreement",
+    )
+    p.add_argument(
+        "--input",
+        dest="input_roles",
+        action="append",
+        default=[],
+        type=_input_role,
+        metavar="NAME=ROLE[@AXIS]",
+        help="how to generate input NAME when the role read from the model is wrong: "
+        "ROLE is ids, padding_mask, positions or features; AXIS names its sequence axis "
+        "(repeatable)",
     )
     p.add_argument(
         "--allow-nonfinite",
@@ -266,6 +289,7 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
                 external_data=args.external_data,
                 quantize=args.quantize,
                 allow_nonfinite=args.allow_nonfinite,
+                input_roles=dict(args.input_roles),
                 evaluate=evaluate,
                 progress=display,
                 extra_report=extra,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from keras_layers.export import inputs as inputs_module
 from keras_layers.export.errors import ModelLoadError, UsageError, argument, fix
 
 # Dtype policies whose variables are float32 but whose compute is half
@@ -64,22 +65,27 @@ _NESTING_STEPS[[ord("]"), ord("}")]] = -1
 
 @dataclass
 class TensorInfo:
-    """One model input or output: its name, shape (None = dynamic) and dtype."""
+    """One model input or output: its name, shape (None = dynamic) and dtype,
+    and for inputs the role the model gives it (`keras_layers.export.inputs`)."""
 
     name: str
     shape: tuple
     dtype: str
-    # For integer inputs: the vocabulary size of the embedding that reads it.
+    role: str = "features"  # ids, padding_mask, positions or features
+    # For ids: the vocabulary size of the embedding that reads them.
     vocabulary: int | None = None
     # Whether id 0 is padding that the model masks (an Embedding with mask_zero).
     masks_zero: bool = False
+    # The name of axis 1 when it is a sequence (`decoder_sequence` for a decoder's).
+    sequence: str = "sequence"
 
     @property
     def is_padding_mask(self) -> bool:
-        return "mask" in self.name.lower() and self.dtype in ("bool", "int32", "int64")
+        return self.role == "padding_mask"
 
     def axis_names(self) -> list:
-        """Shape with dynamic axes named: `batch` first, then `sequence`."""
+        """Shape with dynamic axes named: `batch` first, then the sequence (or,
+        for positions, their own count)."""
         names = []
         for axis, size in enumerate(self.shape):
             if size is not None:
@@ -87,7 +93,7 @@ class TensorInfo:
             elif axis == 0:
                 names.append("batch")
             elif axis == 1:
-                names.append("sequence")
+                names.append(f"{self.name}_count" if self.role == "positions" else self.sequence)
             else:
                 names.append(f"dim_{axis}")
         return names
@@ -105,6 +111,9 @@ class LoadedModel:
     output_structure: str
     source_policies: list = field(default_factory=list)  # half policies replaced
     param_bytes: int = 0
+    # The longest sequence the position tables allow, and the layer that says so.
+    max_length: int | None = None
+    max_length_source: str | None = None
 
 
 # Imported before any user module, so that a file named like one of them in the
@@ -403,23 +412,6 @@ def _flat_named(structure, names_fallback):
     return list(zip(names_fallback, flatten(structure), strict=True))
 
 
-def _readers(model, tensor):
-    """Embedding-like layers that read `tensor` directly: (vocabulary, mask_zero)."""
-    found = []
-    for layer in model.layers:
-        for node in getattr(layer, "_inbound_nodes", []):
-            if any(t is tensor for t in node.input_tensors) and hasattr(layer, "input_dim"):
-                found.append((layer.input_dim, bool(getattr(layer, "mask_zero", 0))))
-        for sub in getattr(layer, "_layers", []):
-            # keras-hub wraps its token embedding inside another layer.
-            if hasattr(sub, "input_dim") and any(
-                any(t is tensor for t in node.input_tensors)
-                for node in getattr(layer, "_inbound_nodes", [])
-            ):
-                found.append((sub.input_dim, bool(getattr(sub, "mask_zero", 0))))
-    return found
-
-
 def _symbolic_io(model):
     """The model's input and output structures of symbolic tensors.
 
@@ -470,16 +462,9 @@ def _describe(model):
     flat_outputs = _flat_named(output_struct, output_names)
     inputs = []
     for name, tensor in _flat_named(input_struct, input_names):
-        readers = _readers(model, tensor)
-        inputs.append(
-            TensorInfo(
-                name=name,
-                shape=tuple(tensor.shape),
-                dtype=str(tensor.dtype),
-                vocabulary=min((v for v, _ in readers), default=None),
-                masks_zero=any(m for _, m in readers),
-            )
-        )
+        dtype = str(tensor.dtype)
+        role = inputs_module.role_of(name, dtype, inputs_module.consumers(model, tensor))
+        inputs.append(TensorInfo(name=name, shape=tuple(tensor.shape), dtype=dtype, **role))
     outputs = [
         TensorInfo(name=name, shape=tuple(t.shape), dtype=str(t.dtype)) for name, t in flat_outputs
     ]
@@ -542,7 +527,7 @@ def _in_float32(model, unsafe: bool):
         return _load_archive(path, unsafe)
 
 
-def load(model, imports=(), unsafe=False) -> LoadedModel:
+def load(model, imports=(), unsafe=False, input_roles=None) -> LoadedModel:
     """Load a `.keras` path (safe mode unless `unsafe`), or take a model in
     memory, in float32, and describe its inputs and outputs."""
     import keras
@@ -565,6 +550,8 @@ def load(model, imports=(), unsafe=False) -> LoadedModel:
             f"got {type(model).__name__}"
         )
     inputs, outputs, input_structure, output_structure = _describe(model)
+    inputs = inputs_module.apply_overrides(inputs, dict(input_roles or {}))
+    max_length, max_length_source = inputs_module.max_sequence_length(model)
     if not inputs:
         raise ModelLoadError(f"{path or argument('model')}: the model has no inputs")
     strings = [tensor.name for tensor in inputs if tensor.dtype == "string"]
@@ -585,4 +572,6 @@ def load(model, imports=(), unsafe=False) -> LoadedModel:
         output_structure=output_structure,
         source_policies=replaced,
         param_bytes=_unique_param_bytes(model),
+        max_length=max_length,
+        max_length_source=max_length_source,
     )

@@ -230,6 +230,7 @@ def export_model(
     external_data: str = "auto",
     quantize: str | None = None,
     allow_nonfinite: bool = False,
+    input_roles: dict[str, str] | None = None,
     evaluate: Callable[[Path], dict] | None = None,
     progress: Progress | None = None,
     extra_report: dict | None = None,
@@ -259,6 +260,11 @@ def export_model(
         allow_nonfinite: accept NaN or infinity in Keras' own outputs (the
             ONNX output must have the same ones); by default such a check fails,
             since a model that computes NaN is broken whatever the file does.
+        input_roles: how to generate an input and name its sequence axis, when
+            the role read from the model is not the one wanted: `{name:
+            "ROLE"}` or `{name: "ROLE@AXIS"}`, ROLE one of `ids`,
+            `padding_mask`, `positions`, `features` (see
+            `keras_layers.export.inputs`).
         evaluate: `evaluate(int8_path) -> dict` with a `passed` key: a
             task-level check of the int8 file.
         progress: called with a `StageEvent` as each stage starts and ends,
@@ -300,7 +306,11 @@ def export_model(
         validating.check_shapes(shapes)
     with _Interrupts().watching() as interrupts:
         run = _Run(progress, interrupts)
-        loaded, slimmed, external = _convert(model, run, imports, unsafe, opset, external_data)
+        loaded, slimmed, external = _convert(
+            model, run, imports, unsafe, opset, external_data, input_roles
+        )
+        if shapes is not None:
+            validating.check_shapes_fit(loaded, shapes)
         shapes = shapes or validating.default_shapes(loaded)
         with placement.staging_folder(output) as folder:
             staged = _Staged.write(slimmed.proto, folder, output, external)
@@ -380,10 +390,10 @@ class _Run:
         return step
 
 
-def _convert(model, run: _Run, imports, unsafe: bool, opset: int, external_data: str):
+def _convert(model, run: _Run, imports, unsafe: bool, opset: int, external_data: str, input_roles):
     """Load, trace, convert and slim: (loaded model, slimmed proto, external?)."""
     with run.stage("load"):
-        loaded = loading.load(model, imports=imports, unsafe=unsafe)
+        loaded = loading.load(model, imports=imports, unsafe=unsafe, input_roles=input_roles)
     external = external_data == "always" or (
         external_data == "auto" and loaded.param_bytes > converting.LARGE_MODEL_BYTES
     )

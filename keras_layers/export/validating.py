@@ -108,54 +108,108 @@ def check_shapes(shapes: list) -> list:
 
 
 def default_shapes(loaded: LoadedModel) -> list:
+    """Batch 1, 2, 8 x lengths 1, 7, 64, 256, within what the model allows (a
+    fixed length, or the longest its position tables hold), plus `padded`."""
     fixed = [info.shape[1] for info in loaded.inputs if len(info.shape) > 1]
     fixed = [size for size in fixed if size is not None]
-    lengths = (fixed[0],) if fixed else DEFAULT_LENGTHS
+    if fixed:
+        lengths = (fixed[0],)
+    else:
+        bound = loaded.max_length or max(DEFAULT_LENGTHS)
+        lengths = tuple(sorted({min(length, bound) for length in DEFAULT_LENGTHS}))
     shapes = [(batch, length) for batch in DEFAULT_BATCHES for length in lengths]
     if takes_padding(loaded):
         shapes.append(PADDED)
     return shapes
 
 
+def check_shapes_fit(loaded: LoadedModel, shapes: list) -> None:
+    """Refuse grid points longer than the model's position tables allow."""
+    if loaded.max_length is None:
+        return
+    for shape in shapes:
+        if shape != PADDED and shape[1] > loaded.max_length:
+            raise UsageError(
+                f"{argument('shapes', shapes)}: {shape_label(shape)} is longer than the "
+                f"{loaded.max_length} positions the model holds (layer "
+                f"{loaded.max_length_source!r}); ask for at most {loaded.max_length}"
+            )
+
+
 def takes_padding(loaded: LoadedModel) -> bool:
     return any(info.masks_zero or info.is_padding_mask for info in loaded.inputs)
 
 
-def _sequence_length(loaded, requested):
+def _fixed_length(loaded: LoadedModel, sequence: str) -> int | None:
     for info in loaded.inputs:
-        if len(info.shape) > 1 and info.shape[1] is not None:
-            return info.shape[1]
-    return requested
+        if info.sequence == sequence and info.role != "positions" and len(info.shape) > 1:
+            if info.shape[1] is not None:
+                return info.shape[1]
+    return None
+
+
+def _sequence_lengths(loaded: LoadedModel, length: int) -> dict:
+    """Each sequence axis's length at a grid point of `length`: the first gets
+    it, each other one less (so that an encoder and a decoder are never fed
+    equal lengths by accident), within the model's fixed lengths and bound."""
+    lengths = {}
+    for info in loaded.inputs:
+        if info.sequence in lengths or info.role == "positions":
+            continue
+        own = length if not lengths else max(1, length - len(lengths) * max(1, length // 3))
+        fixed = _fixed_length(loaded, info.sequence)
+        lengths[info.sequence] = fixed or min(own, loaded.max_length or own)
+    return lengths
 
 
 def make_inputs(loaded: LoadedModel, shape, rng) -> dict:
-    """Inputs for one grid point, keyed by input name."""
+    """Inputs for one grid point, keyed by input name.
+
+    `padded` is a batch of 4 rows of true lengths (all, all - 3, 1, half) of 64
+    tokens (or the model's bound), right-padded. Positions are drawn among each
+    row's real tokens.
+    """
     if shape == PADDED:
-        length = _sequence_length(loaded, 64)
-        true_lengths = np.array([length, max(length - 3, 1), 1, max(length // 2, 1)])
-        batch = len(true_lengths)
+        batch, length = 4, min(64, loaded.max_length or 64)
     else:
         batch, length = shape
-        length = _sequence_length(loaded, length)
-        true_lengths = np.full(batch, length)
-    valid = np.arange(length)[None, :] < true_lengths[:, None]
+    lengths = _sequence_lengths(loaded, length)
+    valid = {}
+    for sequence, full in lengths.items():
+        true = (
+            np.array([full, max(full - 3, 1), 1, max(full // 2, 1)])
+            if shape == PADDED
+            else np.full(batch, full)
+        )
+        valid[sequence] = np.arange(full)[None, :] < true[:, None]
     feeds = {}
     for info in loaded.inputs:
-        dims = [batch, length, *[d or 1 for d in info.shape[2:]]][: len(info.shape)]
-        if info.is_padding_mask:
-            value = valid
-        elif info.dtype.startswith("int") or info.dtype.startswith("uint"):
-            vocabulary = info.vocabulary or 2
-            low = 1 if info.masks_zero else 0
-            value = rng.integers(low, max(vocabulary, low + 1), size=dims)
-            if info.masks_zero:
-                value = np.where(valid.reshape(valid.shape + (1,) * (len(dims) - 2)), value, 0)
-        elif info.dtype == "bool":
-            value = rng.random(dims) < 0.5
+        mask = valid.get(info.sequence, next(iter(valid.values()), np.ones((batch, 1), bool)))
+        full = mask.shape[1]
+        if info.role == "positions":
+            count = info.shape[1] if len(info.shape) > 1 and info.shape[1] else max(1, full // 4)
+            true = mask.sum(axis=1, keepdims=True)
+            value = (rng.random((batch, count)) * true).astype("int64")
         else:
-            value = rng.standard_normal(dims)
+            dims = [batch, full, *[d or 1 for d in info.shape[2:]]][: len(info.shape)]
+            if info.is_padding_mask:
+                value = mask
+            elif info.role == "ids" or _is_integer(info.dtype):
+                vocabulary = info.vocabulary or 2
+                low = 1 if info.masks_zero else 0
+                value = rng.integers(low, max(vocabulary, low + 1), size=dims)
+                if info.masks_zero:
+                    value = np.where(mask.reshape(mask.shape + (1,) * (len(dims) - 2)), value, 0)
+            elif info.dtype == "bool":
+                value = rng.random(dims) < 0.5
+            else:
+                value = rng.standard_normal(dims)
         feeds[info.name] = np.asarray(value).astype(info.dtype)
     return feeds
+
+
+def _is_integer(dtype: str) -> bool:
+    return dtype.startswith(("int", "uint"))
 
 
 def shape_label(shape) -> str:
