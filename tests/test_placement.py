@@ -3,6 +3,7 @@ per export, external data placed atomically, interrupts and failures leave the
 user's files byte-identical."""
 
 import hashlib
+import json
 import os
 import stat
 import time
@@ -233,3 +234,26 @@ def test_every_file_follows_the_umask(tmp_path, model_path, umask):
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
     assert len(modes) == 4  # graph, data, int8, report
     assert set(modes.values()) == {0o666 & ~umask}, modes
+
+
+def test_a_file_onnx_runtime_refuses_is_kept_with_a_report_saying_why(
+    tmp_path, model_path, monkeypatch, capsys
+):
+    """A crash after conversion is a validation failure: exit 1, the file kept
+    as NAME.failed.onnx, a report naming what failed."""
+    from keras_layers.export import slimming
+
+    real_slim = slimming.slim
+
+    def broken(proto, *args, **kwargs):
+        result = real_slim(proto, *args, **kwargs)
+        result.proto.graph.node[0].op_type = "NoSuchOp"
+        return result
+
+    monkeypatch.setattr(slimming, "slim", broken)
+    out = tmp_path / "m.onnx"
+    code, err = run_cli(capsys, model_path, "-o", out, *SHAPES)
+    assert code == 1 and "ONNX Runtime cannot load the file" in err
+    assert not out.exists() and (tmp_path / "m.failed.onnx").exists()
+    report = json.loads((tmp_path / "m.report.failed.json").read_text())
+    assert report["passed"] is False and "NoSuchOp" in report["validation_error"]

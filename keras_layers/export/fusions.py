@@ -20,6 +20,16 @@ import numpy as np
 from onnx import helper, numpy_helper
 
 
+def _body_reads(node) -> set[str]:
+    """Names the subgraphs of `node` read from enclosing graphs."""
+    from keras_layers.export.slimming import free_names, subgraphs
+
+    found = set()
+    for body in subgraphs(node):
+        found |= free_names(body)
+    return found
+
+
 class _Graph:
     """Producer, consumer and constant lookups over a GraphProto."""
 
@@ -29,6 +39,11 @@ class _Graph:
         self.consumers = defaultdict(list)
         for node in graph.node:
             for name in node.input:
+                self.consumers[name].append(node)
+            # A Loop/If/Scan body may read a value of this graph without
+            # listing it as an input: that node reads it too, so no fusion
+            # may take the value away from it.
+            for name in _body_reads(node):
                 self.consumers[name].append(node)
         self.outputs = {value.name for value in graph.output}
         self.initializers = {init.name: init for init in graph.initializer}

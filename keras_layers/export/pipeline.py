@@ -191,6 +191,8 @@ def _signals_deferred() -> Iterator[None]:
 
 def _failure_message(report: dict, validation, targets, final, atol, rtol) -> str:
     kept = f"The new file was kept as {final.onnx}; {targets.onnx} was left untouched."
+    if validation.error is not None:
+        return f"validation failed: {validation.error}. {kept} Report: {final.report}"
     if not validation.passed:
         worst = validation.worst()
         what = worst.problem or (

@@ -77,6 +77,8 @@ def build_report(
         "outputs": tensor_entries(loaded.outputs),
         "tolerances": {"atol": validation.atol, "rtol": validation.rtol},
         "checks": [asdict(check) for check in validation.checks],
+        # Why validation could not run at all (ONNX Runtime refused the file).
+        "validation_error": validation.error,
         "worst": asdict(worst) if worst else None,
         "graph": {
             "nodes_converted": slimmed.nodes_before,

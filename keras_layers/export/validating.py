@@ -62,10 +62,14 @@ class Validation:
     atol: float = DEFAULT_ATOL
     rtol: float = DEFAULT_RTOL
     seconds: float = 0.0
+    # Set when ONNX Runtime could not load or run the file at all.
+    error: str | None = None
 
     @property
     def passed(self) -> bool:
-        return bool(self.checks) and all(check.passed for check in self.checks)
+        return (
+            self.error is None and bool(self.checks) and all(check.passed for check in self.checks)
+        )
 
     def worst(self) -> Check | None:
         failed = [check for check in self.checks if not check.passed]
@@ -361,15 +365,25 @@ def validate(
     import onnxruntime as ort
 
     start = time.perf_counter()
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    result = Validation(atol=atol, rtol=rtol)
+    try:
+        session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    except Exception as error:  # noqa: BLE001 - the file's failure, reported as one
+        result.error = f"ONNX Runtime cannot load the file: {one_line(str(error), 300)}"
+        return result
     onnx_outputs = [o.name for o in session.get_outputs()]
     rng = np.random.default_rng(SEED)
-    result = Validation(atol=atol, rtol=rtol)
     grid = shapes or default_shapes(loaded)
     for done, shape in enumerate(grid, start=1):
         feeds = make_inputs(loaded, shape, rng)
         expected = keras_outputs(loaded, feeds, shape_label(shape))
-        got = dict(zip(onnx_outputs, session.run(None, feeds), strict=True))
+        try:
+            got = dict(zip(onnx_outputs, session.run(None, feeds), strict=True))
+        except Exception as error:  # noqa: BLE001 - the file's failure, reported as one
+            result.error = (
+                f"ONNX Runtime fails on the {shape_label(shape)} input: {one_line(str(error), 300)}"
+            )
+            return result
         valid = _valid_positions(loaded, feeds)
         for name, value in expected.items():
             check = compare(
