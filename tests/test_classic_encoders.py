@@ -103,3 +103,13 @@ def test_the_tutorial_transformer_encoder_exports(tmp_path):
     (got,) = session.run(None, {"inputs": ids})
     valid = ids != 0  # Keras leaves padded rows' values to the implementation
     np.testing.assert_allclose(got[valid], expected[valid], atol=1e-4)
+
+
+def test_a_fixed_position_table_is_reported_as_a_constant_not_a_weight(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = TutorialEncoder()
+    model(padded_ids(np.random.default_rng(0)))
+    report = export_model(model, tmp_path / "t.onnx", shapes=[(1, 7)])
+    assert report["passed"] and report["unused_weights"] == []
+    assert report["param_bytes"] == 4 * model.count_params()
+    assert report["constant_bytes"] >= model.table.nbytes  # the 64 x 16 float32 table

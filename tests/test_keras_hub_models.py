@@ -142,3 +142,30 @@ def test_an_input_role_can_be_overridden(tmp_path, capsys):
     assert code == 2 and "has no input 'nope'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([str(path), "--input", "flags=bogus"])
+
+
+def test_weights_the_outputs_never_read_are_listed_not_counted(tmp_path):
+    """LlamaBackbone holds an untied reverse_embeddings matrix for its causal LM
+    that the backbone's outputs never read: the report once counted it and
+    showed a 0.70x file."""
+    import keras_hub
+
+    keras.utils.set_random_seed(0)
+    model = keras_hub.models.LlamaBackbone(
+        vocabulary_size=VOCAB,
+        num_layers=1,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=16,
+        intermediate_dim=32,
+    )
+    report = export_model(redrawn(model), tmp_path / "llama.onnx", shapes=[(2, 5)])
+    assert report["passed"]
+    unused = {entry["name"]: entry["bytes"] for entry in report["unused_weights"]}
+    assert list(unused) == ["token_embedding/reverse_embeddings"]
+    assert unused["token_embedding/reverse_embeddings"] == VOCAB * 16 * 4
+    all_bytes = 4 * sum(int(np.prod(w.shape)) for w in model.weights)
+    assert report["param_bytes"] == all_bytes - VOCAB * 16 * 4
+    # The file holds every weight it reads: never less than their bytes (the
+    # 0.70x came from counting the unread matrix).
+    assert report["size_ratio"] >= 1.0

@@ -182,7 +182,7 @@ def test_external_data_is_replaced_atomically(tmp_path, model_path, monkeypatch)
     export_model(model_path, out, shapes=[(1, 4)], external_data="always")
     (old_data,) = placement._data_files_read_by(out)
     expected = logits(out)
-    other = save(tied_encoder(layers=1, name="other"), tmp_path / "other.keras")
+    other = save(tied_encoder(layers=2, name="other"), tmp_path / "other.keras")  # new weights
 
     real_replace = os.replace
     calls = []

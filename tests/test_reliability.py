@@ -56,20 +56,12 @@ def test_sigkill_never_damages_the_output(tmp_path, model_and_good_file, delay):
     time.sleep(delay)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
-    # Old or new, never a mix: either the old bytes, or (when the export got to
-    # its placement before the kill, which a fast machine does) a complete new
-    # export with its report, which computes what the old file computes.
+    # Exports are byte-identical, so "the old file or a complete new export"
+    # means the same bytes whenever the kill lands: before, during or after
+    # the placement.
+    assert hashlib.sha256(output.read_bytes()).hexdigest() == before
     visible = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
-    if hashlib.sha256(output.read_bytes()).hexdigest() == before:
-        assert visible in (["model.onnx"], ["model.onnx", "model.report.json"])
-    else:  # the report is renamed right after the graph
-        assert visible in (["model.onnx"], ["model.onnx", "model.report.json"])
-        ids = np.random.default_rng(5).integers(1, VOCAB, size=(2, 9)).astype("int32")
-        old, new = (
-            ort.InferenceSession(str(path)).run(None, {"token_ids": ids})[0]
-            for path in (good, output)
-        )
-        np.testing.assert_array_equal(new, old)
+    assert visible in (["model.onnx"], ["model.onnx", "model.report.json"])
     onnx.checker.check_model(str(output))
 
 

@@ -22,7 +22,7 @@ import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,6 +43,35 @@ class ConvertedModel:
     proto: object
     opset: int
     seconds: float
+    # Keras paths of the weights the outputs depend on (`read_weights`).
+    weights_read: set = field(default_factory=set)
+
+
+def read_weights(proto) -> set[str]:
+    """Initializers the graph outputs depend on, walking back from the
+    outputs (into Loop/If/Scan bodies too). Right after conversion they still
+    carry the Keras paths of the weights, before any pass merges, reshapes or
+    renames them: a weight missing here is one the exported outputs never read."""
+    from keras_layers.export.slimming import free_names, subgraphs
+
+    graph = proto.graph
+    producer = {name: node for node in graph.node for name in node.output}
+    initializers = {init.name for init in graph.initializer}
+    pending = [value.name for value in graph.output]
+    seen, read = set(), set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in initializers:
+            read.add(name)
+        node = producer.get(name)
+        if node is not None:
+            pending.extend(node.input)
+            for body in subgraphs(node):
+                pending.extend(free_names(body))
+    return read
 
 
 def supported_opsets() -> range:
@@ -252,4 +281,4 @@ def convert(traced: TracedModel, opset: int = DEFAULT_OPSET) -> ConvertedModel:
         raise
     except Exception as error:  # noqa: BLE001 - translated below
         raise ConversionError(f"tf2onnx failed: {type(error).__name__}: {error}") from error
-    return ConvertedModel(proto, opset, time.perf_counter() - start)
+    return ConvertedModel(proto, opset, time.perf_counter() - start, read_weights(proto))

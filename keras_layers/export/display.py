@@ -118,6 +118,19 @@ def render_report(report: dict, console: Console) -> None:
         f"{report['graph']['nodes_final']} nodes (tf2onnx: {report['graph']['nodes_converted']}); "
         f"atol {tolerance['atol']:g}, rtol {tolerance['rtol']:g}"
     )
+    if report.get("constant_bytes"):
+        console.print(
+            f"plus {report['constant_bytes'] / 1e6:.2f} MB of constants that are no weight "
+            "(a fixed position table, ...)"
+        )
+    unused = report.get("unused_weights") or []
+    if unused:
+        names = ", ".join(escape(entry["name"]) for entry in unused[:5])
+        more = f" and {len(unused) - 5} more" if len(unused) > 5 else ""
+        console.print(
+            f"{len(unused)} weights the outputs never read are not in the file "
+            f"({sum(entry['bytes'] for entry in unused) / 1e6:.2f} MB): {names}{more}"
+        )
 
 
 def int8_summary(int8: dict) -> str:

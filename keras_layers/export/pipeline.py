@@ -308,7 +308,7 @@ def export_model(
         validating.check_shapes(shapes)
     with _Interrupts().watching() as interrupts:
         run = _Run(progress, interrupts)
-        loaded, slimmed, external = _convert(
+        loaded, weights_read, slimmed, external = _convert(
             model, run, imports, unsafe, opset, external_data, input_roles
         )
         if shapes is not None:
@@ -341,6 +341,7 @@ def export_model(
                     onnx_path=final.onnx,
                     opset=opset,
                     file_bytes=staged.file_bytes,
+                    weights_read=weights_read,
                     slimmed=slimmed,
                     validation=validation,
                     stages=run.seconds,
@@ -393,7 +394,8 @@ class _Run:
 
 
 def _convert(model, run: _Run, imports, unsafe: bool, opset: int, external_data: str, input_roles):
-    """Load, trace, convert and slim: (loaded model, slimmed proto, external?)."""
+    """Load, trace, convert and slim: (loaded model, Keras paths of the
+    weights the outputs read, slimmed proto, external data?)."""
     with run.stage("load"):
         loaded = loading.load(model, imports=imports, unsafe=unsafe, input_roles=input_roles)
     external = external_data == "always" or (
@@ -411,7 +413,7 @@ def _convert(model, run: _Run, imports, unsafe: bool, opset: int, external_data:
             run_onnxslim=not external,
             model_name=loaded.model.name,
         )
-    return loaded, slimmed, external
+    return loaded, converted.weights_read, slimmed, external
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ Building only: `placement` writes it, the command line's `display` renders it.
 from dataclasses import asdict
 from importlib import metadata
 
+import numpy as np
+
 from keras_layers.export import slimming
 from keras_layers.export.validating import Validation
 
@@ -34,12 +36,41 @@ def tensor_entries(infos) -> list:
     return [{"name": info.name, "shape": info.axis_names(), "dtype": info.dtype} for info in infos]
 
 
+def _weight_accounting(loaded, weights_read: set, slimmed) -> dict:
+    """Which of the model's weights the outputs read, and what else the file
+    stores.
+
+    A weight counts when the converted graph's outputs depend on it (read
+    right after conversion, while initializers still carry Keras paths); the
+    rest are weights the exported outputs never read (an untied
+    `reverse_embeddings` of a backbone). Whatever the final graph stores beyond
+    the weights it reads (a fixed position table, shape constants) is
+    `constant_bytes`.
+    """
+    from keras_layers.export.loading import unique_variables
+
+    read, unused = 0, []
+    for variable in unique_variables(loaded.model):
+        size = 4 * int(np.prod(variable.shape, dtype=np.int64))  # exported in float32
+        if variable.path in weights_read:
+            read += size
+        else:
+            unused.append({"name": variable.path, "bytes": size})
+    stored = sum(slimmed.initializer_bytes.values())
+    return {
+        "read_param_bytes": read,
+        "unused_weights": unused,
+        "constant_bytes": max(0, stored - read),
+    }
+
+
 def build_report(
     *,
     loaded,
     onnx_path,
     opset,
     file_bytes,
+    weights_read: set,
     slimmed,
     validation: Validation,
     stages: dict,
@@ -53,6 +84,8 @@ def build_report(
         onnx_path: where the ONNX file ends up.
         opset: the ONNX opset converted to.
         file_bytes: the size of the graph plus its data file.
+        weights_read: Keras paths of the weights the outputs read
+            (`converting.read_weights`).
         slimmed: the slim stage's result (node counts, fusions, shared weights).
         validation: the checks.
         stages: seconds per stage so far.
@@ -63,14 +96,21 @@ def build_report(
         The report; `docs/export.md` ("The report") describes each field.
     """
     worst = validation.worst()
+    weights = _weight_accounting(loaded, weights_read, slimmed)
     report = {
         "passed": validation.passed,
         "onnx_path": str(onnx_path),
         "source_model": str(loaded.path) if loaded.path else f"in memory: {loaded.model.name}",
         "opset": opset,
         "file_bytes": file_bytes,
-        "param_bytes": loaded.param_bytes,
-        "size_ratio": round(file_bytes / loaded.param_bytes, 4) if loaded.param_bytes else None,
+        "param_bytes": weights["read_param_bytes"],
+        "size_ratio": (
+            round(file_bytes / weights["read_param_bytes"], 4)
+            if weights["read_param_bytes"]
+            else None
+        ),
+        "unused_weights": weights["unused_weights"],
+        "constant_bytes": weights["constant_bytes"],
         "external_data": external_data,
         "exported_from_policies": loaded.source_policies,
         "inputs": tensor_entries(loaded.inputs),

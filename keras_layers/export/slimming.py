@@ -44,6 +44,17 @@ class SlimmedModel:
     deduplicated: list = field(default_factory=list)  # (removed, kept, "same"|"T")
     fused: dict = field(default_factory=dict)  # op type -> subgraphs folded into it
     seconds: float = 0.0
+    # Bytes of every initializer the final graph reads, by its name before
+    # `canonicalize` renamed it: weights keep their Keras paths until then.
+    initializer_bytes: dict = field(default_factory=dict)
+
+
+def _tensor_bytes(tensor) -> int:
+    """The size of a TensorProto's values, from its type and shape."""
+    from onnx import helper
+
+    count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
+    return count * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
 
 
 def _digest(array: np.ndarray) -> str:
@@ -597,6 +608,7 @@ def slim(
     remove_dead_nodes(proto)
     changes = deduplicate_initializers(proto)
     name_dynamic_axes(proto, inputs, outputs)
+    initializer_bytes = {init.name: _tensor_bytes(init) for init in proto.graph.initializer}
     # Last: every pass above may add, drop or reorder nodes.
     canonicalize(proto, name=model_name)
     return SlimmedModel(
@@ -606,4 +618,5 @@ def slim(
         deduplicated=changes,
         fused=fused,
         seconds=time.perf_counter() - start,
+        initializer_bytes=initializer_bytes,
     )
