@@ -24,6 +24,19 @@ pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFl
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def export_command(model: Path, output: Path) -> list[str]:
+    """The checkout's command exporting `model` to `output` on a one-point grid."""
+    return [
+        sys.executable,
+        str(ROOT / "export" / "to_onnx.py"),
+        str(model),
+        "-o",
+        str(output),
+        "--shapes",
+        "1x4",
+    ]
+
+
 @pytest.fixture(scope="module")
 def model_and_good_file(tmp_path_factory):
     directory = tmp_path_factory.mktemp("reliable")
@@ -41,15 +54,7 @@ def test_sigkill_never_damages_the_output(tmp_path, model_and_good_file, delay):
     output.write_bytes(good.read_bytes())
     before = hashlib.sha256(output.read_bytes()).hexdigest()
     process = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "export" / "to_onnx.py"),
-            str(model),
-            "-o",
-            str(output),
-            "--shapes",
-            "1x4",
-        ],
+        export_command(model, output),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -89,15 +94,7 @@ def _export_in_fresh_process(model: Path, output: Path, hash_seed: int) -> str:
     """Export `model` with the command in a new interpreter; returns the file's sha256."""
     environment = {**os.environ, "PYTHONHASHSEED": str(hash_seed)}
     done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "export" / "to_onnx.py"),
-            str(model),
-            "-o",
-            str(output),
-            "--shapes",
-            "1x4",
-        ],
+        export_command(model, output),
         env=environment,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

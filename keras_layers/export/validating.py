@@ -264,17 +264,14 @@ def compare(
     those. NaN or infinity in Keras' own output fails the check unless
     `allow_nonfinite`; then the ONNX output must have the same ones.
     """
+
+    def failed(problem: str, nonfinite: float = 0.0) -> Check:
+        return Check(label, name, float("inf"), float("inf"), False, None, problem, nonfinite)
+
     if got is None:
-        return Check(label, name, float("inf"), float("inf"), False, problem="missing output")
+        return failed("missing output")
     if got.shape != expected.shape:
-        return Check(
-            label,
-            name,
-            float("inf"),
-            float("inf"),
-            False,
-            problem=f"shape {got.shape} != Keras {expected.shape}",
-        )
+        return failed(f"shape {got.shape} != Keras {expected.shape}")
     # Compare in the outputs' own dtype (float64 copies of 8 x 256 x 30k logits
     # would cost a gigabyte); integers and booleans as float64.
     dtype = got.dtype if np.issubdtype(got.dtype, np.floating) else np.float64
@@ -283,15 +280,7 @@ def compare(
     problem = None
     if not (np.isfinite(got_f).all() and nonfinite == 0.0):
         if not _same_nonfinite(got_f, expected_f):
-            return Check(
-                label,
-                name,
-                float("inf"),
-                float("inf"),
-                False,
-                problem="NaN or infinity differs",
-                keras_nonfinite=nonfinite,
-            )
+            return failed("NaN or infinity differs", nonfinite)
         finite = np.isfinite(got_f) & np.isfinite(expected_f)
         got_f, expected_f = got_f[finite], expected_f[finite]
         if not allow_nonfinite:
