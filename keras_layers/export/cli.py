@@ -176,7 +176,8 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
         "--external-data",
         choices=EXTERNAL_DATA_CHOICES,
         default="auto",
-        help="store weights in OUT.onnx.data (auto: when over ~1.8 GB)",
+        help="store weights in a data file beside OUT.onnx, named by its content "
+        "(auto: when over ~1.8 GB)",
     )
     p.add_argument(
         "--quantize",

@@ -9,9 +9,9 @@ tf2onnx turns into the ONNX output names.
 The weights are inputs of the function too, not captured variables: inside a
 `keras.StatelessScope` every variable read returns the tensor passed for it.
 tf2onnx then never sees a weight as a constant, so it does not copy, fold or
-serialise them (freezing a 2.4 GB embedding into the graph, and tf2onnx's
-optimizers re-serialising it after each pass, took 20+ GB of RSS and fails past
-2 GiB), and a tied matrix reaches ONNX once, as one input read by the lookup and
+serialise them (frozen into the graph, a large embedding is re-serialised after
+each tf2onnx pass and fails past protobuf's 2 GiB; see docs/export.md, "Models
+over 2 GB"), and a tied matrix reaches ONNX once, as one input read by the lookup and
 by a `Transpose` for the output projection. The conversion stage turns these
 inputs into initializers holding the variables' values.
 """
