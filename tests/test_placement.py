@@ -257,3 +257,30 @@ def test_a_file_onnx_runtime_refuses_is_kept_with_a_report_saying_why(
     assert not out.exists() and (tmp_path / "m.failed.onnx").exists()
     report = json.loads((tmp_path / "m.report.failed.json").read_text())
     assert report["passed"] is False and "NoSuchOp" in report["validation_error"]
+
+
+def test_an_export_that_cannot_fit_in_memory_is_refused_before_any_work(
+    tmp_path, model_path, monkeypatch, capsys
+):
+    from keras_layers.export import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda: 10_000_000)  # 10 MB free
+    code, err = run_cli(capsys, model_path, "-o", tmp_path / "m.onnx", *SHAPES)
+    assert code == 2 and "GB of memory" in err and "--no-memory-check" in err
+    assert list(tmp_path.iterdir()) == []
+    assert (
+        main([str(model_path), "-o", str(tmp_path / "m.onnx"), *SHAPES, "--no-memory-check"]) == 0
+    )
+
+
+def test_the_memory_estimate_reads_the_weights_from_the_archive(model_path):
+    import keras
+
+    from keras_layers.export import memory
+
+    model = keras.saving.load_model(model_path)
+    weights = memory.archive_weight_bytes(model_path)
+    assert abs(weights - 4 * model.count_params()) < 64_000  # h5 headers
+    assert memory.estimated_param_bytes(model) == 4 * sum(
+        int(np.prod(w.shape)) for w in model.weights
+    )

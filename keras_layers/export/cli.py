@@ -41,6 +41,7 @@ FIXES = {
     "imports": "--import MODULE",
     "allow_nonfinite": "--allow-nonfinite",
     "shapes": "--shapes BxS,...",
+    "memory_check": "--no-memory-check",
 }
 
 
@@ -196,6 +197,12 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
         "(repeatable)",
     )
     p.add_argument(
+        "--no-memory-check",
+        dest="memory_check",
+        action="store_false",
+        help="export even when the estimated peak memory exceeds what is available",
+    )
+    p.add_argument(
         "--allow-nonfinite",
         action="store_true",
         help="accept NaN or infinity in Keras' own outputs (the ONNX file must match them)",
@@ -291,6 +298,7 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
                 quantize=args.quantize,
                 allow_nonfinite=args.allow_nonfinite,
                 input_roles=dict(args.input_roles),
+                memory_check=args.memory_check,
                 evaluate=evaluate,
                 progress=display,
                 extra_report=extra,

@@ -24,6 +24,7 @@ _API_FIXES = {
     "imports": "imports=['MODULE']",
     "allow_nonfinite": "allow_nonfinite=True",
     "shapes": "shapes=[(batch, sequence), ...]",
+    "memory_check": "memory_check=False",
 }
 _wording: ContextVar[tuple[Mapping, Mapping] | None] = ContextVar("wording", default=None)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from keras_layers.export import (
     converting,
     loading,
+    memory,
     placement,
     quantizing,
     reporting,
@@ -233,6 +234,7 @@ def export_model(
     quantize: str | None = None,
     allow_nonfinite: bool = False,
     input_roles: dict[str, str] | None = None,
+    memory_check: bool = True,
     evaluate: Callable[[Path], dict] | None = None,
     progress: Progress | None = None,
     extra_report: dict | None = None,
@@ -267,6 +269,8 @@ def export_model(
             "ROLE"}` or `{name: "ROLE@AXIS"}`, ROLE one of `ids`,
             `padding_mask`, `positions`, `features` (see
             `keras_layers.export.inputs`).
+        memory_check: refuse, before any work, an export whose estimated peak
+            memory exceeds what the machine has available (`memory.check_fits`).
         evaluate: `evaluate(int8_path) -> dict` with a `passed` key: a
             task-level check of the int8 file.
         progress: called with a `StageEvent` as each stage starts and ends,
@@ -306,6 +310,8 @@ def export_model(
     placement.check_targets(targets, Path(model) if isinstance(model, str | Path) else None)
     if shapes is not None:
         validating.check_shapes(shapes)
+    if memory_check:
+        memory.check_fits(memory.estimated_param_bytes(model))
     with _Interrupts().watching() as interrupts:
         run = _Run(progress, interrupts)
         loaded, weights_read, slimmed, external = _convert(
