@@ -588,3 +588,27 @@ def test_gemma_backbone_exports_with_its_captured_scale(tmp_path):
     assert report["passed"]
     names = sorted(i.name for i in onnx.load(tmp_path / "gemma.onnx").graph.input)
     assert names == ["padding_mask", "token_ids"]
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class BranchOnData(keras.layers.Layer):
+    """Python `if` on a tensor's value: runs eagerly, has no static graph
+    (keras-hub's Qwen3.5 and RWKV7 layers do the like)."""
+
+    def compute_output_shape(self, shape):
+        return shape
+
+    def call(self, x):
+        if keras.ops.sum(x) > 0:
+            return x * 2.0
+        return x
+
+
+def test_python_control_flow_on_data_is_a_clear_conversion_error(tmp_path):
+    from keras_layers.export import ConversionError
+
+    inputs = keras.Input((4,), name="x")
+    model = keras.Model(inputs, BranchOnData()(inputs))
+    with pytest.raises(ConversionError, match="cannot be traced into a static graph"):
+        export_model(model, tmp_path / "b.onnx", shapes=[(2, 4)])
+    assert list(tmp_path.iterdir()) == []

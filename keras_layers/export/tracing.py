@@ -19,6 +19,7 @@ inputs into initializers holding the variables' values.
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from keras_layers.export.errors import ConversionError, one_line
 from keras_layers.export.loading import LoadedModel, flatten, unique_variables
 
 WEIGHT_PREFIX = "__weight_"
@@ -97,6 +98,19 @@ def _attention_as_batched_matmuls():
         nn._dot_product_attention_xla = original
 
 
+def _is_python_control_flow(error: Exception) -> bool:
+    """TensorFlow's ways of saying that Python code asked a symbolic tensor for
+    its value (`if tensor:`, `range(tensor)`), which only eager execution has."""
+    import tensorflow as tf
+
+    text = str(error)
+    return isinstance(error, tf.errors.OperatorNotAllowedInGraphError) or (
+        isinstance(error, TypeError)
+        and "SymbolicTensor" in text
+        and "cannot be interpreted as an integer" in text
+    )
+
+
 def _raise_if_keras_itself_fails(loaded: LoadedModel) -> None:
     """Tell a model that cannot run in Keras (a usage error, exit 2) from a
     failure of the trace (a bug of ours, exit 3): run it eagerly on one small
@@ -149,7 +163,13 @@ def trace(loaded: LoadedModel) -> TracedModel:
     try:
         with _attention_as_batched_matmuls():
             function.get_concrete_function(*signature)  # traced now, reused by convert
-    except Exception:
+    except Exception as error:
         _raise_if_keras_itself_fails(loaded)
+        if _is_python_control_flow(error):
+            raise ConversionError(
+                "the model cannot be traced into a static graph: a layer uses a tensor's "
+                "value as a Python bool or int (Python control flow on data), which runs "
+                f"eagerly but has no ONNX graph ({one_line(str(error), 200)})"
+            ) from error
         raise  # Keras runs the model: the failure is the trace's, ours to fix
     return TracedModel(function, signature, input_names, output_names, weights)
