@@ -169,3 +169,19 @@ def test_weights_the_outputs_never_read_are_listed_not_counted(tmp_path):
     # The file holds every weight it reads: never less than their bytes (the
     # 0.70x came from counting the unread matrix).
     assert report["size_ratio"] >= 1.0
+
+
+def test_position_ids_are_one_per_token(tmp_path):
+    """`position_ids` feeding a rotary embedding are 0..L-1 along the sequence,
+    not positions picked among the tokens (Gemma 4 got 16 of them for 64 tokens)."""
+    import keras_hub
+
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    position_ids = keras.Input((None,), dtype="int32", name="position_ids")
+    x = keras.layers.Reshape((-1, 1, 8))(keras.layers.Embedding(10, 8)(ids))
+    y = keras_hub.layers.RotaryEmbedding()(x, positions=position_ids)
+    model = keras.Model({"token_ids": ids, "position_ids": position_ids}, y)
+    report = export_model(model, tmp_path / "p.onnx", shapes=[(1, 64), (2, 7)])
+    assert report["passed"]
+    axes = {entry["name"]: entry["shape"] for entry in report["inputs"]}
+    assert axes["position_ids"] == ["batch", "sequence"]

@@ -193,7 +193,8 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
         type=_input_role,
         metavar="NAME=ROLE[@AXIS]",
         help="how to generate input NAME when the role read from the model is wrong: "
-        "ROLE is ids, padding_mask, positions or features; AXIS names its sequence axis "
+        "ROLE is ids, padding_mask, token_positions, positions or features; AXIS names "
+        "its sequence axis "
         "(repeatable)",
     )
     p.add_argument(

@@ -10,8 +10,10 @@ is decided from the layers that consume it:
   ids are ids with a small vocabulary);
 - passed to a layer's call argument named `padding_mask`, `*_padding_mask`,
   `attention_mask` or `mask`: `padding_mask`;
-- passed to an argument named `mask_positions`, `positions`, `position_ids`,
-  `indices` or `*_positions`: `positions`;
+- passed to an argument named `positions` or `position_ids`: `token_positions`,
+  one per token (0, 1, 2, ... along the sequence);
+- passed to an argument named `mask_positions`, `indices` or `*_positions`:
+  `positions`, some positions picked among each row's tokens;
 - anything else: `features` (random values of its dtype).
 
 Only when no consumer says anything (an input read by plain ops) does the name
@@ -27,9 +29,12 @@ from dataclasses import replace
 
 from keras_layers.export.errors import UsageError, argument
 
-ROLES = ("ids", "padding_mask", "positions", "features")
+ROLES = ("ids", "padding_mask", "positions", "token_positions", "features")
 _MASK_ARGUMENT = re.compile(r"(.*_)?padding_mask|attention_mask|mask")
-_POSITION_ARGUMENT = re.compile(r"mask_positions|positions|position_ids|indices|.*_positions")
+# One position per token (rotary and position encodings read them) ...
+_TOKEN_POSITION_ARGUMENT = re.compile(r"positions|position_ids")
+# ... or some positions picked among the tokens (a masked-LM head's).
+_POSITION_ARGUMENT = re.compile(r"mask_positions|indices|.*_positions")
 
 
 def _call_parameters(layer) -> list[str]:
@@ -100,6 +105,8 @@ def role_of(name: str, dtype: str, readers: list[tuple[object, str]]) -> dict:
             "masks_zero": any(bool(getattr(layer, "mask_zero", False)) for layer in embeddings),
         }
     arguments = {argument_name for _, argument_name in readers}
+    if _is_integer(dtype) and any(_TOKEN_POSITION_ARGUMENT.fullmatch(a) for a in arguments):
+        return {**found, "role": "token_positions"}
     if _is_integer(dtype) and any(_POSITION_ARGUMENT.fullmatch(a) for a in arguments):
         return {**found, "role": "positions"}
     if _is_integer(dtype) and any(_MASK_ARGUMENT.fullmatch(a) for a in arguments):

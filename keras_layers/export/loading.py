@@ -71,7 +71,7 @@ class TensorInfo:
     name: str
     shape: tuple
     dtype: str
-    role: str = "features"  # ids, padding_mask, positions or features
+    role: str = "features"  # one of inputs.ROLES
     # For ids: the vocabulary size of the embedding that reads them.
     vocabulary: int | None = None
     # Whether id 0 is padding that the model masks (an Embedding with mask_zero).

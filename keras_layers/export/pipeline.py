@@ -267,7 +267,7 @@ def export_model(
         input_roles: how to generate an input and name its sequence axis, when
             the role read from the model is not the one wanted: `{name:
             "ROLE"}` or `{name: "ROLE@AXIS"}`, ROLE one of `ids`,
-            `padding_mask`, `positions`, `features` (see
+            `padding_mask`, `token_positions`, `positions`, `features` (see
             `keras_layers.export.inputs`).
         memory_check: refuse, before any work, an export whose estimated peak
             memory exceeds what the machine has available (`memory.check_fits`).

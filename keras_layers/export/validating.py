@@ -198,6 +198,8 @@ def make_inputs(loaded: LoadedModel, shape, rng) -> dict:
             dims = [batch, full, *[d or 1 for d in info.shape[2:]]][: len(info.shape)]
             if info.is_padding_mask:
                 value = mask
+            elif info.role == "token_positions":
+                value = np.broadcast_to(np.arange(full), (batch, full))
             elif info.role == "ids" or _is_integer(info.dtype):
                 vocabulary = info.vocabulary or 2
                 low = 1 if info.masks_zero else 0
