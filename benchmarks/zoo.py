@@ -1,0 +1,288 @@
+"""Export every keras-hub text model of the zoo tier and tabulate what happened.
+
+    python benchmarks/zoo.py                 # every model: results/zoo.json and the page's table
+    python benchmarks/zoo.py --only A B      # rerun models A and B, merged into results/zoo.json
+    python benchmarks/zoo.py --table         # only re-render docs/models.md from the JSON
+    python benchmarks/zoo.py --check         # exit 1 if the page's table differs from the JSON
+
+The models are those of tests/zoo_models.py (the zoo tests import the same
+module): every backbone and text task of `keras_hub.models`, built tiny with
+redrawn weights. Each is exported with the default flags, as a user would run
+it; the row records the exit status the command line would give (0 passed, 1
+`ValidationFailed`, 2 another `ExportError`, 3 anything else: an internal
+error), the worst difference on the validation grid and on an independent
+right-padded feed, the file's size over the parameter bytes, the node counts
+(tf2onnx's graph, and ours after slimming), the fused ops and the export time.
+
+The table between `<!-- table: zoo -->` and `<!-- /table -->` on
+docs/models.md is rendered from results/zoo.json alone, so
+tests/test_zoo.py can check the page against the JSON without TensorFlow
+running anything. Reading the JSON must stay light: this module imports
+nothing heavy at import time.
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # zoo_models lives with the tests that use it
+
+import zoo_models  # noqa: E402
+
+from benchmarks.docs_tables import markdown_table, page_tables, rewrite  # noqa: E402
+from benchmarks.results_io import RESULTS  # noqa: E402
+
+PAGE = ROOT / "docs" / "models.md"
+RESULT = RESULTS / "zoo.json"
+TABLE = "zoo"
+FUSED_LABELS = {"LayerNormalization": "LN", "MatMul": "MatMul", "MultiHeadAttention": "MHA"}
+
+
+def _exit_code(error: BaseException | None) -> int:
+    """The command line's exit status for this outcome (keras_layers.export.cli)."""
+    from keras_layers.export import ExportError
+
+    if error is None:
+        return 0
+    return error.exit_code if isinstance(error, ExportError) else 3
+
+
+def _one_line(error: BaseException) -> str:
+    from keras_layers.export.errors import one_line
+
+    return one_line(f"{type(error).__name__}: {error}", limit=300)
+
+
+def _from_report(row: dict, report: dict) -> None:
+    diffs = [check["max_abs_diff"] for check in report["checks"]]
+    graph = report["graph"]
+    row.update(
+        max_abs_diff=max(diffs) if diffs else None,
+        file_bytes=report["file_bytes"],
+        param_bytes=report["param_bytes"],
+        size_ratio=report["size_ratio"],
+        nodes_converted=graph["nodes_converted"],
+        nodes_final=graph["nodes_final"],
+        fused={op: count for op, count in graph["fused"].items() if count},
+        stage_seconds=report["stage_seconds"],
+    )
+
+
+def run_model(entry, folder: Path) -> dict:
+    """Build, export and check one model; every outcome is a row, never a crash."""
+    from keras_layers.export import ValidationFailed, export_model
+
+    row = {
+        "name": entry.name,
+        "kind": entry.kind,
+        "backbone": entry.backbone,
+        "status": None,
+        "exit_code": None,
+        "error": None,
+        "unsupported": zoo_models.UNSUPPORTED.get(entry.name),
+    }
+    if entry.skip_reason:
+        return {**row, "status": "skipped", "error": entry.skip_reason}
+    try:
+        model = zoo_models.build(entry.name)
+    except zoo_models.NotATextModel as error:
+        return {**row, "status": "skipped", "error": str(error)}
+    except Exception as error:  # a zoo limitation, not the pipeline's: say so
+        return {**row, "status": "not built", "error": _one_line(error)}
+    output = folder / f"{entry.name}.onnx"
+    start = time.perf_counter()
+    try:
+        report = export_model(model, output)
+        error = None
+    except Exception as caught:
+        error = caught
+        report = caught.report if isinstance(caught, ValidationFailed) else None
+    row["export_seconds"] = round(time.perf_counter() - start, 2)
+    row["exit_code"] = _exit_code(error)
+    row["status"] = "passed" if error is None else type(error).__name__
+    if error is not None:
+        row["error"] = _one_line(error)
+    if report is not None:
+        _from_report(row, report)
+    if error is None:
+        try:
+            differences = zoo_models.parity(model, output, zoo_models.padded_feed(model))
+            row["feed_max_abs_diff"] = max(differences.values())
+            if row["feed_max_abs_diff"] > zoo_models.FEED_ATOL:
+                row["status"] = "feed mismatch"
+        except Exception as caught:
+            row["status"] = "feed mismatch"
+            row["error"] = _one_line(caught)
+    return row
+
+
+def run(names: list | None = None) -> list:
+    entries = zoo_models.enumerate_zoo()
+    if names:
+        unknown = sorted(set(names) - {entry.name for entry in entries})
+        if unknown:
+            raise SystemExit(f"not in the zoo: {', '.join(unknown)}")
+        entries = [entry for entry in entries if entry.name in names]
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for number, entry in enumerate(entries, 1):
+            row = run_model(entry, Path(folder))
+            rows.append(row)
+            seconds = row.get("export_seconds")
+            print(
+                f"[{number}/{len(entries)}] {entry.name}: {row['status']}"
+                + (f" ({seconds:.1f} s)" if seconds is not None else "")
+                + (f" - {row['error']}" if row["error"] and row["status"] != "skipped" else ""),
+                flush=True,
+            )
+    return rows
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    return {name: metadata.version(name) for name in ("keras", "keras-hub", "tensorflow")}
+
+
+def save(rows: list, merge: bool) -> dict:
+    """Write results/zoo.json; with `merge`, `rows` replace their namesakes."""
+    import os
+    import platform
+
+    if merge and RESULT.exists():
+        previous = json.loads(RESULT.read_text())
+        fresh = {row["name"]: row for row in rows}
+        rows = [fresh.pop(row["name"], row) for row in previous["models"]] + list(fresh.values())
+    report = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+        "command": "python benchmarks/zoo.py",
+        "versions": _versions(),
+        "feed_atol": zoo_models.FEED_ATOL,
+        "models": rows,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    RESULT.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+# --- the page's table ---------------------------------------------------------
+
+
+def _number(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def _result(row: dict) -> str:
+    if row["status"] == "passed":
+        return "passed"
+    if row["exit_code"] is None:
+        return row["status"]
+    return f"exit {row['exit_code']}: {row['status']}"
+
+
+def _note(row: dict) -> str:
+    note = row["unsupported"] or (row["error"] if row["status"] != "passed" else "") or ""
+    return note.replace("|", "\\|")
+
+
+def zoo_table(report: dict) -> str:
+    """The text models' rows, then the classes the rule skipped, with why."""
+    header = [
+        "model",
+        "kind",
+        "result",
+        "grid max abs diff",
+        "padded feed max abs diff",
+        "file / parameter bytes",
+        "nodes (tf2onnx)",
+        "nodes (ours)",
+        "fused",
+        "export s",
+        "note",
+    ]
+    tested = [row for row in report["models"] if row["status"] != "skipped"]
+    rows = [
+        [
+            f"`{row['name']}`",
+            row["kind"],
+            _result(row),
+            _number(row.get("max_abs_diff"), ".1e"),
+            _number(row.get("feed_max_abs_diff"), ".1e"),
+            _number(row.get("size_ratio"), ".3f"),
+            _number(row.get("nodes_converted"), "d"),
+            _number(row.get("nodes_final"), "d"),
+            ", ".join(
+                f"{FUSED_LABELS.get(op, op)} {count}" for op, count in row.get("fused", {}).items()
+            ),
+            _number(row.get("export_seconds"), ".1f"),
+            _note(row),
+        ]
+        for row in tested
+    ]
+    table = markdown_table(header, [False] * 3 + [True] * 5 + [False, True, False], rows)
+    skipped = [row for row in report["models"] if row["status"] == "skipped"]
+    lines = [f"- `{row['name']}`: {row['error']}" for row in skipped]
+    # (no trailing newline: the page's markers hold the body stripped of it)
+    return "\n".join(
+        [table, "", f"Skipped by the rule, not text models ({len(skipped)} classes):", "", *lines]
+    ).rstrip("\n")
+
+
+def render(report: dict) -> str:
+    return zoo_table(report)
+
+
+def page_table(text: str | None = None) -> str | None:
+    """The body between the page's zoo markers (None when there are none)."""
+    return page_tables(PAGE.read_text() if text is None else text).get(TABLE)
+
+
+def write_page(report: dict) -> bool:
+    """Rewrite the page's zoo table; True when it changed."""
+    text = PAGE.read_text()
+    if page_table(text) is None:
+        raise SystemExit(f"{PAGE}: no `<!-- table: {TABLE} -->` ... `<!-- /table -->` markers")
+    rendered = render(report)
+    if page_table(text) == rendered:
+        return False
+    PAGE.write_text(rewrite(text, {TABLE: rendered}))
+    return True
+
+
+def summary(report: dict) -> dict:
+    """Models per result, for the command's last line and the docs' text."""
+    counts = {}
+    for row in report["models"]:
+        counts[_result(row)] = counts.get(_result(row), 0) + 1
+    return counts
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="rerun these, merged")
+    parser.add_argument("--table", action="store_true", help="only re-render the page's table")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the page's table differs")
+    args = parser.parse_args(argv)
+    if args.check:
+        same = page_table() == render(json.loads(RESULT.read_text()))
+        print("the zoo table is up to date" if same else f"{PAGE.name}: zoo table differs")
+        return 0 if same else 1
+    if args.table:
+        report = json.loads(RESULT.read_text())
+    else:
+        report = save(run(args.only), merge=bool(args.only))
+        print(f"wrote {RESULT}")
+    changed = write_page(report)
+    print(f"rewrote the zoo table of {PAGE}" if changed else "the zoo table is up to date")
+    print(json.dumps(summary(report)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

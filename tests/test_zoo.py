@@ -1,0 +1,101 @@
+"""The zoo tier: every keras-hub text model, exported with the default flags.
+
+The models are enumerated from `keras_hub.models` by tests/zoo_models.py (its
+docstring states the rule that picks the text models) and built tiny, offline,
+with redrawn weights. Each test exports one with no `shapes=`, as a user
+would, asserts the report passed, then runs the file in ONNX Runtime on a feed
+built here, independently of the validation grid: a right-padded batch of
+rows of different lengths (encoder and decoder of different lengths), compared
+with Keras on the valid positions.
+
+Every model but `FAST` carries the `zoo` marker, which the default run
+leaves out: `python -m pytest -m zoo tests/test_zoo.py` runs the rest (some
+minutes). benchmarks/zoo.py runs the same models and renders the table of
+docs/models.md, which the last test here checks against its JSON.
+"""
+
+import json
+
+import pytest
+import zoo_models
+
+from keras_layers.export import ExportError, export_model
+
+pytestmark = [
+    pytest.mark.tensorflow_only,  # the export pipeline runs on TensorFlow
+    # keras-hub's notes on its own tiny models (a softmax over one key-value
+    # head, T5's attention dropping a mask it does not use), by the thousand.
+    pytest.mark.filterwarnings("ignore::UserWarning:keras.*"),
+]
+
+# The default suite's share (well under two minutes): the families most users
+# bring (an encoder, two decoders, two encoder-decoders), a task of each kind
+# with its head, and one unsupported model for its error.
+FAST = (
+    "BertBackbone",
+    "GPT2Backbone",
+    "LlamaBackbone",
+    "T5Backbone",
+    "BartBackbone",
+    "BertMaskedLM",
+    "BertTextClassifier",
+    "GPT2CausalLM",
+    "T5Seq2SeqLM",
+    "FNetBackbone",
+)
+UNSUPPORTED = zoo_models.UNSUPPORTED
+MODELS = [model.name for model in zoo_models.candidates()]
+
+
+def _params(names):
+    return [
+        pytest.param(name, id=name, marks=() if name in FAST else pytest.mark.zoo) for name in names
+    ]
+
+
+def _build(name):
+    try:
+        return zoo_models.build(name)
+    except zoo_models.NotATextModel as reason:
+        pytest.skip(f"{name} is not a text model: {reason}")
+
+
+def test_the_zoo_is_enumerated_from_keras_hub():
+    """The lists here name classes keras-hub has, so none goes stale silently."""
+    names = {model.name for model in zoo_models.enumerate_zoo()}
+    assert set(FAST) <= set(MODELS)
+    assert set(UNSUPPORTED) <= set(MODELS), set(UNSUPPORTED) - set(MODELS)
+    assert len(names) > len(MODELS) > 40
+
+
+@pytest.mark.parametrize("name", _params([n for n in MODELS if n not in UNSUPPORTED]))
+def test_exports_with_default_flags_and_matches_keras_on_a_padded_batch(name, tmp_path):
+    model = _build(name)
+    output = tmp_path / f"{name}.onnx"
+    report = export_model(model, output)
+    assert report["passed"]
+    differences = zoo_models.parity(model, output, zoo_models.padded_feed(model))
+    assert max(differences.values()) <= zoo_models.FEED_ATOL, differences
+
+
+@pytest.mark.parametrize("name", _params(sorted(UNSUPPORTED)))
+def test_an_unsupported_model_fails_with_a_clear_export_error(name, tmp_path):
+    """Not an internal error (exit 3): the user is told what is wrong, with the
+    error and exit status the reason states. Once such an export passes (a
+    pipeline bug fixed), this fails: move the model out of UNSUPPORTED."""
+    model = _build(name)
+    with pytest.raises(ExportError) as caught:
+        export_model(model, tmp_path / f"{name}.onnx")
+    error = caught.value
+    assert f"{type(error).__name__} (exit {error.exit_code})" in UNSUPPORTED[name], error
+
+
+def test_models_page_table_is_rendered_from_the_zoo_json():
+    from benchmarks import zoo
+
+    on_page = zoo.page_table()
+    assert on_page is not None, f"no `<!-- table: {zoo.TABLE} -->` on {zoo.PAGE.name}"
+    assert on_page == zoo.render(json.loads(zoo.RESULT.read_text())), (
+        f"the zoo table of {zoo.PAGE.name} differs from {zoo.RESULT.name}; "
+        "run `python benchmarks/zoo.py --table` (or the whole `python benchmarks/zoo.py`)"
+    )
