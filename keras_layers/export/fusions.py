@@ -12,9 +12,15 @@ written here, each matched strictly: every intermediate tensor must have
 exactly the consumers the pattern expects, and every constant must have the
 expected value, or the subgraph is left alone. The pipeline's validation then
 checks the rewritten graph like any other.
+
+GELU is the exception: ONNX Runtime's own fusions match the tanh form Keras
+writes, so `fuse_gelus` runs them, inside our checks, after a rule of ours for
+the erfc form TensorFlow writes for the exact GELU. Each rule here that
+declines a candidate says why (the `declined` lists).
 """
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 from onnx import helper, numpy_helper
@@ -304,69 +310,224 @@ def _scalar(g, node, name):
     return None if value is None or value.size != 1 else float(value.reshape(-1)[0])
 
 
-def _match_attention(g, softmax, shapes):
-    """Match the attention the trace writes (see `tracing._attention_as_batched_matmuls`).
+@dataclass
+class _Attention:
+    """One matched attention: what `MultiHeadAttention` needs to replace it."""
 
-    `Transpose(MatMul(Softmax([Where(mask,] Mul(MatMul(q^T, k^T), scale)
-    [, -big)]), v^T))` with q, k, v of shape (B, T, N, H) in float32.
-    Returns (q, k, v, mask or None, scale, heads, head size, output node).
+    q: str
+    k: str
+    v: str
+    mask: str | None
+    scale: float
+    heads: int
+    size: int
+    out: object  # the Transpose node whose output the fused nodes take over
+    zeroes_masked_rows: bool  # keras.layers.Softmax's path, see `_probabilities_reader`
+
+
+def _probabilities_reader(g, softmax):
+    """The `MatMul` that weighs the values by the softmax, and the select between.
+
+    Keras reaches the softmax two ways. `ops.dot_product_attention` (dropout 0)
+    feeds it straight to the matmul. `MultiHeadAttention` with dropout, and
+    layers such as keras-hub's `LlamaAttention`, call `keras.layers.Softmax`
+    with the mask, which selects -1e9 at masked logits and then selects 0 at
+    masked probabilities: `Where(mask, Softmax(...), 0)`. That second select
+    only changes rows whose every key is masked (uniform -> 0), so the fused
+    op gets the same and those rows are zeroed after it (`_visible_rows`).
+    Returns (matmul, zeroing Where or None) or a reason.
     """
     axis = next((a.i for a in softmax.attribute if a.name == "axis"), -1)
-    pv = g.consumers[softmax.output[0]]
-    if axis not in (-1, 3) or len(pv) != 1 or pv[0].op_type != "MatMul":
-        return None
-    pv = pv[0]
-    out = g.consumers[pv.output[0]]
-    if pv.input[0] != softmax.output[0] or len(out) != 1 or out[0].op_type != "Transpose":
-        return None
-    out = out[0]
-    if _perm(out) != _HEADS_FIRST:
-        return None
-    mask, logits = None, softmax.input[0]
-    where = g.node(logits, "Where")
-    if where is not None:
-        big = g.const(where.input[2])
-        # Keras selects -2.4e38; anything from -1e9 down masks completely.
-        if not g.only_used_by(logits) or big is None or big.size != 1:
-            return None
-        if not np.isfinite(big).all() or big.max() > -1e9:
-            return None
-        mask, logits = where.input[0], where.input[1]
-    scaled = g.node(logits, "Mul")
-    if scaled is None or not g.only_used_by(logits):
-        return None
-    product_name = next((i for i in scaled.input if g.node(i, "MatMul")), None)
-    scale = None if product_name is None else _scalar(g, scaled, product_name)
+    if axis not in (-1, 3):
+        return "the softmax is not over the last axis"
+    if not g.only_used_by(softmax.output[0]):
+        return "the probabilities are read by more than one node"
+    (reader,) = g.consumers[softmax.output[0]]
+    zeroing = None
+    if reader.op_type == "Where":
+        zero = g.const(reader.input[2])
+        if reader.input[1] != softmax.output[0] or zero is None or zero.size != 1 or zero.any():
+            return "the select after the softmax does not set masked probabilities to 0"
+        if not g.only_used_by(reader.output[0]):
+            return "the selected probabilities are read by more than one node"
+        zeroing, (reader,) = reader, g.consumers[reader.output[0]]
+    if reader.op_type != "MatMul" or reader.input[0] != (zeroing or softmax).output[0]:
+        return "the probabilities do not weigh the values in a MatMul"
+    return reader, zeroing
+
+
+def _attention_mask(g, softmax, zeroing):
+    """The boolean mask selected into the logits, and the logits before it.
+
+    A select value from -1e9 down masks completely: Keras selects -1e9
+    (`keras.layers.Softmax`) or -2.4e38 (`ops.dot_product_attention`), and
+    exp(-1e9 - max) is 0 for any logit above -9e8. Returns (mask or None,
+    logits) or a reason.
+    """
+    where = g.node(softmax.input[0], "Where")
+    if where is None:
+        if zeroing is not None:
+            return "the probabilities are zeroed where no mask selected the logits"
+        return None, softmax.input[0]
+    big = g.const(where.input[2])
+    if not g.only_used_by(where.output[0]) or big is None or big.size != 1:
+        return "the masked logits are read elsewhere or the select value is not a constant"
+    if not np.isfinite(big).all() or big.max() > -1e9:
+        return f"the select value {big.max()} does not mask completely"
+    if zeroing is not None and zeroing.input[0] != where.input[0]:
+        return "the selects before and after the softmax read different masks"
+    return where.input[0], where.input[1]
+
+
+def _scaled(g, name):
+    """(x, scale) for `Mul(x, scalar)` producing `name` (read only there), else (name, None)."""
+    mul = g.node(name, "Mul")
+    if mul is None or not g.only_used_by(name):
+        return name, None
+    for x in mul.input:
+        scale = _scalar(g, mul, x)
+        if scale is not None and g.other_input(mul, x) != x:
+            return x, scale
+    return name, None
+
+
+def _attention_logits(g, logits):
+    """(q, k, scale) for the scaled q.k^T logits, q and k (B, T|S, N, H), or a reason.
+
+    The trace of `ops.dot_product_attention` writes
+    `Mul(MatMul(q^T, k^T), scale)` (see `tracing._attention_as_batched_matmuls`);
+    `MultiHeadAttention`'s einsum path scales the query first and tf2onnx
+    lowers `einsum("aecd,abcd->acbe", key, query)` to
+    `Transpose(MatMul(k^T, (q*scale)^T), [0, 1, 3, 2])`. Either way the logits
+    are q.k^T times a scale, as `MultiHeadAttention` computes them, up to float
+    rounding where the scale is applied.
+    """
+    product_name, outer = _scaled(g, logits)
+    if not g.only_used_by(product_name):
+        return "the logits are read by more than one node"
+    swapped = g.node(product_name, "Transpose")
+    if swapped is not None:
+        if _perm(swapped) != [0, 1, 3, 2] or not g.only_used_by(swapped.input[0]):
+            return "the logits are not a transposed product"
+        product = g.node(swapped.input[0], "MatMul")
+        if product is None:
+            return "the logits are not a transposed product"
+        k_side, q_side, q_perm = product.input[0], product.input[1], [0, 2, 3, 1]
+        k = _transposed(g, k_side, _HEADS_FIRST)
+    else:
+        product = g.node(product_name, "MatMul")
+        if product is None:
+            return "the logits are not a MatMul"
+        q_side, q_perm = product.input[0], _HEADS_FIRST
+        k = _transposed(g, product.input[1], [0, 2, 3, 1])
+    q = _transposed(g, q_side, q_perm)
+    if q is None or k is None:
+        return "the query and key do not reach the product through heads-first transposes"
+    q, inner = _scaled(g, q)
+    factors = [s for s in (outer, inner) if s is not None]
+    scale = float(np.prod(np.float32(factors))) if factors else None
     # MultiHeadAttention reads scale=0 as "not set" and uses 1/sqrt(H).
-    if not scale or not np.isfinite(scale) or not g.only_used_by(product_name):
-        return None
-    product = g.producer[product_name]
-    q = _transposed(g, product.input[0], _HEADS_FIRST)
-    k = _transposed(g, product.input[1], [0, 2, 3, 1])
-    v = _transposed(g, pv.input[1], _HEADS_FIRST)
-    if q is None or k is None or v is None:
-        return None
-    known = [shapes.get(name) for name in (q, k, v, out.output[0])]
-    if any(info is None or len(info[0]) != 4 or info[1] != 1 for info in known):
-        return None  # 1 = FLOAT: ONNX Runtime's CPU MultiHeadAttention is float32
+    if not scale or not np.isfinite(scale):
+        return "the logits are not scaled by a finite, nonzero constant"
+    return q, k, scale
+
+
+def _attention_heads(shapes, q, k, v, out):
+    """(heads, head size) when q, k, v and the output are float32 (B, T, N, H), or a reason."""
+    known = [shapes.get(name) for name in (q, k, v, out)]
+    if any(info is None or len(info[0]) != 4 for info in known):
+        return "q, k, v or the output has no known rank 4"
+    if any(info[1] != 1 for info in known):
+        return "not float32: ONNX Runtime's CPU MultiHeadAttention is float32"
     heads, size = known[0][0][2:]
     if not isinstance(heads, int) or not isinstance(size, int):
-        return None
+        return "the number of heads or the head size is not static"
     if any(info[0][2:] != [heads, size] for info in known[1:]):
-        return None
-    return q, k, v, mask, scale, heads, size, out
+        return "q, k, v and the output differ in heads or head size"
+    return heads, size
 
 
-def fuse_attention(proto, shapes: dict) -> int:
+def _match_attention(g, softmax, shapes):
+    """Match one attention around `softmax`: an `_Attention`, or why not.
+
+    `Transpose(MatMul([Where(mask, ] Softmax([Where(mask,] logits [, -big)])
+    [, 0)], v^T))` with the logits of `_attention_logits` and q, k, v of shape
+    (B, T, N, H) in float32.
+    """
+    found = _probabilities_reader(g, softmax)
+    if isinstance(found, str):
+        return found
+    pv, zeroing = found
+    if not g.only_used_by(pv.output[0]):
+        return "the attention output is read by more than one node"
+    (out,) = g.consumers[pv.output[0]]
+    if out.op_type != "Transpose" or _perm(out) != _HEADS_FIRST:
+        return "the attention output is not transposed back to (B, T, N, H)"
+    v = _transposed(g, pv.input[1], _HEADS_FIRST)
+    if v is None:
+        return "the values do not reach the product through a heads-first transpose"
+    found = _attention_mask(g, softmax, zeroing)
+    if isinstance(found, str):
+        return found
+    mask, logits = found
+    found = _attention_logits(g, logits)
+    if isinstance(found, str):
+        return found
+    q, k, scale = found
+    found = _attention_heads(shapes, q, k, v, out.output[0])
+    if isinstance(found, str):
+        return found
+    heads, size = found
+    if zeroing is not None and not 1 <= len(shapes.get(mask, ((),))[0]) <= 4:
+        return "the mask's rank is unknown or above 4"
+    return _Attention(q, k, v, mask, scale, heads, size, out, zeroing is not None)
+
+
+def _visible_rows(mask, rank, fresh, constant):
+    """Nodes computing, from a boolean mask broadcast to (B, N, T, S), a boolean
+    (B|1, T|1, N|1, 1) that is true where a query sees some key and false where
+    it sees none: the rows `keras.layers.Softmax` zeroes with its second select.
+
+    A count (`ReduceSum`, axes an input since opset 13) rather than
+    `ReduceMax`: ONNX Runtime's symbolic shape inference, which its fusions
+    and tools run, cannot infer ReduceMax with axes as an input (opset 18).
+    Returns (nodes, output name).
+    """
+    as_float, count, seen, wide, rows = (
+        fresh(f"{mask}_{label}") for label in ("f", "count", "any", "4d", "rows")
+    )
+    nodes = [
+        helper.make_node("Cast", [mask], [as_float], to=1),
+        helper.make_node(
+            "ReduceSum",
+            [as_float, constant("mha_last_axis", np.array([-1], np.int64))],
+            [count],
+            keepdims=1,
+        ),
+        helper.make_node("Greater", [count, constant("mha_zero", np.float32(0))], [seen]),
+    ]
+    if rank < 4:  # leading axes of size 1, as broadcasting against the logits adds them
+        leading = constant(f"mha_leading_{4 - rank}", np.arange(4 - rank, dtype=np.int64))
+        nodes.append(helper.make_node("Unsqueeze", [seen, leading], [wide]))
+        seen = wide
+    nodes.append(helper.make_node("Transpose", [seen], [rows], perm=_HEADS_FIRST))
+    return nodes, rows
+
+
+def fuse_attention(proto, shapes: dict, declined: list | None = None) -> int:
     """Replace the traced attention by ONNX Runtime's `MultiHeadAttention`.
 
     The trace leaves each attention as 3 transposes in, a scaled `MatMul`, the
-    mask's `Where`, `Softmax`, a `MatMul` and a transpose out. One contrib
+    mask's `Where`, `Softmax`, a `MatMul` and a transpose out; Keras' einsum
+    path (`MultiHeadAttention` with dropout, keras-hub's Llama attention) the
+    same with the product transposed and a second `Where` after the softmax
+    (see `_probabilities_reader`). One contrib
     `MultiHeadAttention` node computes the same (the scale as its `scale`, the
     mask as an additive bias, see `_MASKED`) without writing the
     (B, N, T, S) logits to memory three times: measured side by side on the
     reference encoder at batch 1, 15% faster at 2048 tokens, 14% at 1024, 7%
-    at 512, 1% at 128; 4% at (8, 128). ONNX
+    at 512, 1% at 128; 4% at (8, 128); on keras-hub's BERT with dropout
+    (4 layers, 256 wide, 1 thread) 4-5% at (1, 128) and (8, 128). ONNX
     Runtime's own fusion (`onnxruntime.transformers`) matches BERT's PyTorch
     and TF1 graphs and fuses none of these (see the module docstring).
 
@@ -374,8 +535,13 @@ def fuse_attention(proto, shapes: dict) -> int:
     which Keras' select discards, survives the additive bias. Finite inputs
     give finite logits, so only a model that already computes NaN at its
     padded positions sees it. Needs opset 15 (`Shape` with `start`/`end`).
+
+    `declined`, when given, gets (softmax output, reason) for each softmax left
+    alone.
     """
+    declined = [] if declined is None else declined
     if _opset(proto) < 15:
+        declined.append(("", "opset below 15"))
         return 0
     g = _Graph(proto.graph)
     graph = proto.graph
@@ -388,8 +554,8 @@ def fuse_attention(proto, shapes: dict) -> int:
         return name
 
     # New nodes go in just before the transpose they replace, except each
-    # mask's bias, computed once, just after the mask.
-    before, after, fused, biases = {}, defaultdict(list), 0, {}
+    # mask's bias and visible rows, computed once, just after the mask.
+    before, after, fused, biases, visible = {}, defaultdict(list), 0, {}, {}
 
     constants = {}
 
@@ -401,10 +567,12 @@ def fuse_attention(proto, shapes: dict) -> int:
 
     for softmax in [n for n in graph.node if n.op_type == "Softmax"]:
         match = _match_attention(g, softmax, shapes)
-        if match is None:
+        if isinstance(match, str):
+            declined.append((softmax.output[0], match))
             continue
-        q, k, v, mask, scale, heads, size, out = match
-        labels = ("q", "k", "v", "b", "t", "s", "bias_shape", "bias", "out")
+        q, k, v, mask, out = match.q, match.k, match.v, match.mask, match.out
+        heads, size = match.heads, match.size
+        labels = ("q", "k", "v", "b", "t", "s", "bias_shape", "bias", "out", "heads")
         name = {label: fresh(f"{out.output[0]}_mha_{label}") for label in labels}
         # Not [0, 0, -1]: with 0 batch or sequence, -1 cannot be inferred.
         flat = constant(f"mha_flat_{heads * size}", np.array([0, 0, heads * size], np.int64))
@@ -441,21 +609,325 @@ def fuse_attention(proto, shapes: dict) -> int:
                 [name["out"]],
                 domain="com.microsoft",
                 num_heads=heads,
-                scale=scale,
+                scale=match.scale,
             )
         )
         split = constant(f"mha_split_{heads}_{size}", np.array([0, 0, heads, size], np.int64))
         before[out.output[0]] = nodes
-        out.CopyFrom(helper.make_node("Reshape", [name["out"], split], list(out.output)))
+        if not match.zeroes_masked_rows:
+            out.CopyFrom(helper.make_node("Reshape", [name["out"], split], list(out.output)))
+        else:
+            # The fused op gives a query that sees no key the mean of the
+            # values (uniform weights); keras.layers.Softmax gives it 0.
+            if mask not in visible:
+                rank = len(shapes[mask][0])
+                computed, visible[mask] = _visible_rows(mask, rank, fresh, constant)
+                after[mask] += computed
+            nodes.append(helper.make_node("Reshape", [name["out"], split], [name["heads"]]))
+            zero = constant("mha_zero", np.float32(0))
+            out.CopyFrom(
+                helper.make_node("Where", [visible[mask], name["heads"], zero], list(out.output))
+            )
         fused += 1
     if fused:
         sources = {*g.initializers, *(value.name for value in graph.input)}
-        nodes = [where for mask in after if mask in sources for where in after[mask]]
+        nodes = [new for mask in after if mask in sources for new in after[mask]]
         for node in graph.node:
             nodes += [*before.get(node.output[0], []), node]
-            nodes += [where for output in node.output for where in after.get(output, [])]
+            nodes += [new for output in node.output for new in after.get(output, [])]
         del graph.node[:]
         graph.node.extend(nodes)
         if not any(o.domain == "com.microsoft" for o in proto.opset_import):
             proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return fused
+
+
+# What `fuse_gelus` adds by default, each counted in the report's `fused`.
+GELU_FUSED = ("Gelu", "BiasGelu", "FastGelu", "QuickGelu")
+
+
+def _attribute(node, name, default):
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def _skip_norm_declines(model, node):
+    """Why a `LayerNormalization` may not become a `SkipLayerNormalization`, or None.
+
+    The contrib op normalises the last axis of a 3-D input with a scale and a
+    bias and has one output we use; ONNX Runtime's fusion reads `input[2]`
+    without checking it is there and copies neither `axis` nor extra outputs.
+    Its own checks (3-D inputs of one shape or a broadcast skip, no constant
+    addend, no embedding lookup) come after these.
+    """
+    if node.op_type != "LayerNormalization":
+        return None  # the bias step starts from a SkipLayerNormalization
+    if _attribute(node, "axis", -1) not in (-1, 2):
+        return "normalises an axis other than the last"
+    if len(node.input) < 3 or not node.input[2]:
+        return "has no bias input"
+    if len([name for name in node.output if name]) != 1:
+        return "has more than one output"
+    return None
+
+
+def _bias_declines(model, node):
+    """Why a fused node's bias input is not the 1-D bias the kernels add, or None.
+
+    BiasGelu, FastGelu and SkipLayerNormalization add their bias along the last
+    axis and need it as long as that axis; ONNX Runtime's fusions check only
+    that it is 1-D, and an `Add` would also broadcast a single value.
+    """
+    position = {"BiasGelu": 1, "FastGelu": 1, "SkipLayerNormalization": 4}.get(node.op_type)
+    if position is None or len(node.input) <= position or not node.input[position]:
+        return None
+    bias = model.get_initializer(node.input[position])
+    if node.op_type == "SkipLayerNormalization":
+        width = model.get_initializer(node.input[2])
+        width = None if width is None else int(np.prod(width.dims))
+    else:
+        producer = model.output_name_to_node().get(node.input[0])
+        weight = None if producer is None else model.get_initializer(producer.input[1])
+        width = None if weight is None or len(weight.dims) != 2 else weight.dims[1]
+    if bias is None or width is None or list(bias.dims) != [width]:
+        return "its bias is not a 1-D constant as long as the last axis"
+    return None
+
+
+def _guarded(fusion_class, before=None, after=None):
+    """`fusion_class` with our own checks around each match, and reasons kept.
+
+    `before(model, node)` may decline a node before ONNX Runtime's matcher sees
+    it; `after(model, new_node)` may take back what the matcher made. A match
+    is also taken back when a value it removes is a graph output (ONNX
+    Runtime's safety check looks only at the nodes that read it).
+    """
+
+    class Guarded(fusion_class):
+        def fuse(self, node, input_name_to_nodes, output_name_to_node):
+            reason = before(self.model, node) if before else None
+            if reason is None:
+                removed, added = len(self.nodes_to_remove), len(self.nodes_to_add)
+                try:
+                    super().fuse(node, input_name_to_nodes, output_name_to_node)
+                except Exception as error:  # noqa: BLE001 - its bug must not end the export
+                    # FusionQuickGelu reads `x * sigmoid(1.702 x)`'s constant
+                    # without checking it is one (None.item() on CLIP's graph).
+                    del self.nodes_to_remove[removed:], self.nodes_to_add[added:]
+                    if self.declined is not None:
+                        self.declined.append(
+                            (
+                                node.output[0],
+                                f"{node.op_type}: {fusion_class.__name__} "
+                                f"failed ({type(error).__name__}: {error})",
+                            )
+                        )
+                    return
+                made = self.nodes_to_add[added:]
+                kept = {name for new in made for name in new.output}
+                gone = {name for old in self.nodes_to_remove[removed:] for name in old.output}
+                if not made:
+                    reason = f"onnxruntime's {fusion_class.__name__} found no match"
+                elif (gone - kept) & self.graph_outputs:
+                    reason = "a value it would remove is a graph output"
+                elif after is not None:
+                    reason = next(filter(None, (after(self.model, n) for n in made)), None)
+                if reason is not None:
+                    del self.nodes_to_remove[removed:], self.nodes_to_add[added:]
+            if reason is not None and self.declined is not None:
+                self.declined.append((node.output[0], f"{node.op_type}: {reason}"))
+
+    Guarded.__name__ = fusion_class.__name__
+    return Guarded
+
+
+def _is_scalar(g, name, value, tolerance=0.0):
+    """Whether `name` is a constant holding one value within `tolerance` of `value`."""
+    constant = g.const(name)
+    if constant is None or constant.size != 1:
+        return False
+    return abs(float(constant.reshape(-1)[0]) - value) <= tolerance
+
+
+def _constant_input(g, node, value, tolerance=0.0):
+    """The input of the binary `node` that is not the scalar constant `value`, or None."""
+    name = next((i for i in node.input if _is_scalar(g, i, value, tolerance)), None)
+    return None if name is None else g.other_input(node, name)
+
+
+def _match_erfc_gelu(g, erf):
+    """Match the exact GELU TensorFlow writes around `erf`: (x, output node) or a reason.
+
+    `keras.activations.gelu(approximate=False)` calls `tf.nn.gelu`, which
+    computes `0.5 * x * erfc(-x / sqrt(2))`; tf2onnx writes erfc as 1 - erf:
+    `Mul(Mul(0.5, x), Sub(1, Erf(Mul(Neg(x), 0.7071))))`. That equals
+    `0.5 * x * (1 + erf(x / sqrt(2)))`, what `com.microsoft.Gelu` computes, as
+    erf is odd. ONNX Runtime's `FusionGelu` matches only the `1 + erf` forms
+    (PyTorch's), and its session does not fuse this one either (measured,
+    keras-hub RoBERTa, onnxruntime 1.32), so this rule is ours.
+    """
+    scaled = g.node(erf.input[0], "Mul")
+    if scaled is None or not g.only_used_by(erf.input[0]):
+        return "the erf's input is not a product read only by it"
+    root = _constant_input(g, scaled, -(0.5**0.5), 1e-6)
+    if root is None:
+        negated = _constant_input(g, scaled, 0.5**0.5, 1e-6)
+        neg = None if negated is None else g.node(negated, "Neg")
+        if neg is None or not g.only_used_by(negated):
+            return "the erf's input is not -x / sqrt(2)"
+        root = neg.input[0]
+    if not g.only_used_by(erf.output[0]):
+        return "the erf is read by more than one node"
+    (sub,) = g.consumers[erf.output[0]]
+    if sub.op_type != "Sub" or sub.input[1] != erf.output[0] or not _is_scalar(g, sub.input[0], 1):
+        return "the erf is not subtracted from 1"
+    if not g.only_used_by(sub.output[0]):
+        return "1 - erf is read by more than one node"
+    (product,) = g.consumers[sub.output[0]]
+    half = product.op_type == "Mul" and g.node(g.other_input(product, sub.output[0]), "Mul")
+    if not half or _constant_input(g, half, 0.5) != root or not g.only_used_by(half.output[0]):
+        return "the result is not 0.5 * x * (1 - erf)"
+    return root, product
+
+
+def fuse_erfc_gelus(proto, declined: list | None = None) -> int:
+    """Replace TensorFlow's exact GELU (see `_match_erfc_gelu`) by `com.microsoft.Gelu`."""
+    declined = [] if declined is None else declined
+    g = _Graph(proto.graph)
+    fused = 0
+    for erf in [n for n in proto.graph.node if n.op_type == "Erf"]:
+        match = _match_erfc_gelu(g, erf)
+        if isinstance(match, str):
+            declined.append((erf.output[0], f"Erf: {match}"))
+            continue
+        x, product = match
+        # The other nodes of the pattern are left unread: dead-node removal drops them.
+        product.CopyFrom(
+            helper.make_node("Gelu", [x], list(product.output), domain="com.microsoft")
+        )
+        fused += 1
+    return fused
+
+
+def _sort_topologically(graph) -> None:
+    """Order `graph.node` so every value is made before it is read; among the
+    ready nodes, the one listed first goes first (ONNX Runtime's fusions append
+    the nodes they make at the end)."""
+    import heapq
+
+    nodes = list(graph.node)
+    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+    readers, waiting = defaultdict(list), []
+    for i, node in enumerate(nodes):
+        needs = {producer[n] for n in [*node.input, *_body_reads(node)] if n in producer} - {i}
+        waiting.append(len(needs))
+        for j in needs:
+            readers[j].append(i)
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(nodes[i])
+        for j in readers[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(ready, j)
+    if len(order) != len(nodes):
+        raise ValueError("the graph has a cycle")
+    del graph.node[:]
+    graph.node.extend(order)
+
+
+def fuse_gelus(proto, declined: list | None = None, skip_norms: bool = False) -> dict:
+    """GELU (and, on request, skip-LayerNorm) fusions, mostly by ONNX Runtime's own classes.
+
+    `onnxruntime.transformers` (shipped with onnxruntime, no torch needed) has
+    these patterns, and they match our graphs: on keras-hub's BERT its
+    optimizer (`optimize_model(..., opt_level=0)`) found, after our other
+    fusions, the tanh GELU Keras' `gelu_approximate` writes (FastGelu, the
+    `Dense` bias before it folded in) and `Add` + `LayerNormalization`
+    (SkipLayerNormalization). So they run here, in the order its BERT
+    optimizer runs them, each wrapped by `_guarded` with our checks. The exact
+    GELU TensorFlow writes it does not match; `fuse_erfc_gelus` does, first,
+    so that its bias fusion sees that `Gelu` too. At load time ONNX Runtime's
+    CPU session fuses the tanh GELU itself, not the erfc one (measured, 1.32:
+    BiasGelu 2x faster than the 7 nodes at (8, 128, 1024)).
+
+    `skip_norms` is off by default because ONNX Runtime's CPU
+    SkipLayerNormalization kernel is slower than the `Add` and
+    `LayerNormalization` it replaces (measured, 1.32, float32, 1 thread:
+    8 of them take 10.2 ms against 1.8 ms at (8, 128, 256), 28 ms against
+    5 ms at (8, 128, 768); end to end, keras-hub BERT 4 layers 256 wide is
+    15% slower with them: 7.0 ms against 5.9 ms at (1, 128), 57 ms against
+    48 ms at (8, 128)). Its CUDA kernel is another matter.
+
+    Dead nodes are dropped first: the LayerNorm fusion leaves the old
+    decomposition reading the residual sum, and ONNX Runtime's skip fusion
+    would keep that sum as an extra output. The skip fusion needs symbolic
+    shape inference (both addends 3-D of one shape); where that fails, it
+    declines. Returns {op type: nodes of it added}, keys `GELU_FUSED` (and
+    "SkipLayerNormalization" with `skip_norms`); `declined`, when given, gets
+    (node output, reason) for each candidate left alone.
+    """
+    import contextlib
+    import io
+
+    from keras_layers.export.slimming import remove_dead_nodes
+
+    kinds = (*GELU_FUSED, "SkipLayerNormalization") if skip_norms else GELU_FUSED
+    counts = dict.fromkeys(kinds, 0)
+    declined = [] if declined is None else declined
+    try:  # (it appends its folder to sys.path: its modules import each other by bare name)
+        from onnxruntime.transformers import (
+            fusion_biasgelu,
+            fusion_fastgelu,
+            fusion_gelu,
+            fusion_quickgelu,
+            fusion_skiplayernorm,
+            onnx_model,
+        )
+    except ImportError as error:
+        declined.append(("", f"onnxruntime.transformers cannot be imported: {error}"))
+        return counts
+    remove_dead_nodes(proto)
+    before = {op: sum(n.op_type == op for n in proto.graph.node) for op in kinds}
+    fuse_erfc_gelus(proto, declined)
+    remove_dead_nodes(proto)
+    model = onnx_model.OnnxModel(proto)
+    skip = fusion_skiplayernorm
+    # (fusion, its arguments, an op the graph must hold for it to find anything)
+    steps = [
+        (_guarded(fusion_gelu.FusionGelu), (), "Erf"),
+        (_guarded(fusion_fastgelu.FusionFastGelu), (), "Tanh"),
+        (_guarded(fusion_quickgelu.FusionQuickGelu), (), "Sigmoid"),
+    ]
+    if skip_norms:
+        skip_norm = _guarded(skip.FusionSkipLayerNormalization, _skip_norm_declines)
+        steps.append((skip_norm, (), "LayerNormalization"))
+    steps += [
+        (_guarded(fusion_biasgelu.FusionBiasGelu, after=_bias_declines), (True,), "FastGelu"),
+        (_guarded(fusion_biasgelu.FusionBiasGelu, after=_bias_declines), (False,), "Gelu"),
+    ]
+    if skip_norms:
+        bias_skip = _guarded(skip.FusionBiasSkipLayerNormalization, after=_bias_declines)
+        steps.append((bias_skip, (), "SkipLayerNormalization"))
+    outputs = {value.name for value in proto.graph.output}
+    for fusion_class, arguments, needed in steps:
+        # ONNX Runtime's constant lookups list every node each time, so a pass
+        # costs time quadratic in the graph's size (12 s at 10,000 nodes):
+        # none is run that cannot match.
+        if not model.get_nodes_by_op_type(needed):  # subgraphs' nodes too
+            continue
+        # Its shape inference prints, rather than logs, when it fails.
+        with contextlib.redirect_stdout(io.StringIO()):
+            fusion = fusion_class(model, *arguments)
+        fusion.graph_outputs = outputs
+        # A QuickGelu reason for every Mul would drown the others.
+        fusion.declined = None if "QuickGelu" in fusion_class.__name__ else declined
+        fusion.apply()
+    _sort_topologically(proto.graph)
+    for op in kinds:
+        counts[op] = sum(n.op_type == op for n in proto.graph.node) - before[op]
+    if any(counts.values()) and not any(o.domain == "com.microsoft" for o in proto.opset_import):
+        proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return counts

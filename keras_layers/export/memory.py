@@ -59,4 +59,7 @@ def estimated_param_bytes(model) -> int:
             return archive_weight_bytes(Path(model))
         except (OSError, zipfile.BadZipFile):
             return 0  # not readable as an archive: loading will say why
-    return sum(4 * int(np.prod(weight.shape, dtype=np.int64)) for weight in model.weights)
+    weights = getattr(model, "weights", None)
+    if weights is None:
+        return 0  # not a model: loading will say so
+    return sum(4 * int(np.prod(weight.shape, dtype=np.int64)) for weight in weights)

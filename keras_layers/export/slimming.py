@@ -593,6 +593,7 @@ def slim(
     start = time.perf_counter()
     before = len(proto.graph.node)
     fused = {"LayerNormalization": 0, "MatMul": 0, "MultiHeadAttention": 0}
+    fused |= dict.fromkeys(fusions.GELU_FUSED, 0)
     if run_onnxslim:
         import onnxslim
 
@@ -605,6 +606,9 @@ def slim(
     fused["MatMul"] = fusions.fuse_tensordot_matmuls(proto)
     if run_onnxslim:
         fused["MultiHeadAttention"] = fusions.fuse_attention(proto, shapes)
+    # After the Dense fusion, which puts each bias Add right after a MatMul.
+    # It serialises nothing, so protos past 2 GB get it too.
+    fused |= fusions.fuse_gelus(proto)
     remove_dead_nodes(proto)
     changes = deduplicate_initializers(proto)
     name_dynamic_axes(proto, inputs, outputs)

@@ -1,0 +1,327 @@
+"""Fusions on the graphs keras-hub's encoders give with their default dropout.
+
+With dropout set, Keras' `MultiHeadAttention` takes its einsum path: the query
+scaled first, `keras.layers.Softmax` selecting -1e9 at masked logits and then
+0 at masked probabilities. That path, and the GELUs keras-hub's encoders use
+(tanh in BERT, TensorFlow's erfc form of the exact one in RoBERTa), are fused
+here; each rule is also shown declining a graph that breaks its precondition.
+
+Biases and LayerNorm parameters are redrawn away from their zero and one
+initial values, as a trained checkpoint has them: onnxslim folds a zero bias
+away, which would hide the bias fusions.
+"""
+
+import keras
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from keras_layers.export import export_model, fusions
+from keras_layers.export.slimming import remove_dead_nodes
+
+pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
+
+LAYERS = 2
+VOCAB = 100
+SHAPES = [(2, 16), "padded"]
+
+
+def redrawn(model, seed=0):
+    """Biases and LayerNorm parameters drawn anew (kernels keep their draw)."""
+    rng = np.random.default_rng(seed)
+    for weight in model.weights:
+        if weight.path.endswith(("bias", "beta")):
+            weight.assign(0.1 * rng.standard_normal(weight.shape).astype("float32"))
+        elif weight.path.endswith("gamma"):
+            weight.assign(1 + 0.1 * rng.standard_normal(weight.shape).astype("float32"))
+    return model
+
+
+def encoder(kind):
+    """A tiny keras-hub encoder with its default dropout (0.1)."""
+    import keras_hub
+
+    keras.utils.set_random_seed(0)
+    backbone = {"bert": keras_hub.models.BertBackbone, "roberta": keras_hub.models.RobertaBackbone}
+    model = backbone[kind](
+        vocabulary_size=VOCAB,
+        num_layers=LAYERS,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=64,
+    )
+    return redrawn(model)
+
+
+@pytest.fixture(scope="module", params=["bert", "roberta"])
+def exported(request, tmp_path_factory):
+    model = encoder(request.param)
+    path = tmp_path_factory.mktemp(request.param) / f"{request.param}.onnx"
+    report = export_model(model, path, shapes=SHAPES)
+    return request.param, model, path, report
+
+
+def op_types(path):
+    return [node.op_type for node in onnx.load(str(path)).graph.node]
+
+
+def test_attention_with_dropout_is_fused_once_per_layer_and_validates(exported):
+    kind, model, path, report = exported
+    assert model.get_config()["dropout"] == 0.1  # MultiHeadAttention's einsum path
+    assert report["passed"], report["worst"]
+    assert {check["shape"] for check in report["checks"]} >= {"2x16", "padded"}
+    assert report["graph"]["fused"]["MultiHeadAttention"] == LAYERS
+    ops = op_types(path)
+    assert ops.count("MultiHeadAttention") == LAYERS and "Softmax" not in ops
+
+
+def test_gelus_are_fused_with_their_bias(exported):
+    """BERT's `gelu_approximate` becomes FastGelu, RoBERTa's exact `gelu`
+    BiasGelu; the Dense bias before each goes into the fused node."""
+    kind, _, path, report = exported
+    fused, ops = report["graph"]["fused"], op_types(path)
+    expected = {"bert": "FastGelu", "roberta": "BiasGelu"}[kind]
+    for op in fusions.GELU_FUSED:
+        assert fused[op] == (LAYERS if op == expected else 0), (op, fused)
+    assert ops.count(expected) == LAYERS
+    assert "Erf" not in ops and "Pow" not in ops
+    assert ops.count("Tanh") == (1 if kind == "bert" else 0)  # BERT's pooler
+    graph = onnx.load(str(path)).graph
+    biased = [node for node in graph.node if node.op_type == expected]
+    assert all(len(node.input) == 2 and node.input[1] for node in biased)
+
+
+def test_fused_files_match_keras_on_an_independent_padded_feed(exported):
+    """Rows in full, right-padded, left-padded and all padding. A query that
+    sees no key (the all-padding row) gets 0 from keras.layers.Softmax and the
+    mean of the values from the fused op alone: this catches a missing zeroing."""
+    kind, model, path, _ = exported
+    assert "MultiHeadAttention" in op_types(path)
+    rng = np.random.default_rng(123)
+    batch, length = 4, 24
+    valid = np.ones((batch, length), "int32")
+    valid[1, 15:] = 0
+    valid[2, :] = 0
+    valid[3, :7] = 0
+    feeds = {
+        "token_ids": rng.integers(1, VOCAB, (batch, length)).astype("int32") * valid,
+        "padding_mask": valid,
+    }
+    if kind == "bert":
+        feeds["segment_ids"] = (np.arange(length)[None] >= 10).astype("int32").repeat(batch, 0)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [output.name for output in session.get_outputs()]
+    got = dict(zip(names, session.run(None, feeds), strict=True))
+    expected = model(feeds, training=False)
+    expected = expected if isinstance(expected, dict) else {names[0]: expected}
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], keras.ops.convert_to_numpy(value), atol=1e-4)
+
+
+def test_skip_layer_norms_fuse_on_request(exported):
+    """Off by default (ONNX Runtime's CPU kernel is slower than Add +
+    LayerNormalization), on request every residual Add + LayerNorm is fused."""
+    _, _, path, report = exported
+    assert "SkipLayerNormalization" not in report["graph"]["fused"]
+    proto = onnx.load(str(path))
+    before = ort.InferenceSession(proto.SerializeToString())
+    counts = fusions.fuse_gelus(proto, skip_norms=True)
+    assert counts["SkipLayerNormalization"] == 2 * LAYERS
+    after = ort.InferenceSession(proto.SerializeToString())
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, VOCAB, (2, 16)).astype("int32")
+    feeds = {"token_ids": ids, "padding_mask": np.ones_like(ids), "segment_ids": 0 * ids}
+    feeds = {value.name: feeds[value.name] for value in before.get_inputs()}
+    for got, reference in zip(after.run(None, feeds), before.run(None, feeds), strict=True):
+        np.testing.assert_allclose(got, reference, atol=1e-5)
+
+
+# Each rule below, on a small graph it fuses, then on the same graph with its
+# precondition broken: that one is left alone, with a reason.
+
+
+def _tensor(name, shape, kind=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, kind, list(shape))
+
+
+def _model(nodes, inputs, outputs, constants):
+    constants = [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in constants]
+    graph = helper.make_graph(nodes, "g", inputs, outputs, constants)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _einsum_attention(heads, size, after_mask="mask"):
+    """Keras' einsum attention as tf2onnx writes it: the query scaled, the
+    product transposed, -1e9 selected before the softmax and 0 after it."""
+    nodes = [
+        helper.make_node("Mul", ["q", "scale"], ["qs"]),
+        helper.make_node("Transpose", ["qs"], ["qt"], perm=[0, 2, 3, 1]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1, 3]),
+        helper.make_node("MatMul", ["kt", "qt"], ["st"]),
+        helper.make_node("Transpose", ["st"], ["logits"], perm=[0, 1, 3, 2]),
+        helper.make_node("Where", ["mask", "logits", "big"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+        helper.make_node("Where", [after_mask, "probs", "zero"], ["kept"]),
+        helper.make_node("Transpose", ["v"], ["vt"], perm=[0, 2, 1, 3]),
+        helper.make_node("MatMul", ["kept", "vt"], ["heads"]),
+        helper.make_node("Transpose", ["heads"], ["y"], perm=[0, 2, 1, 3]),
+    ]
+    inputs = [_tensor(n, ["b", f"{n}_len", heads, size]) for n in "qkv"]
+    masks = {"mask", after_mask}
+    inputs += [_tensor(n, ["b", 1, "q_len", "k_len"], TensorProto.BOOL) for n in sorted(masks)]
+    constants = [("scale", size**-0.5), ("big", -1e9), ("zero", 0.0)]
+    return _model(nodes, inputs, [_tensor("y", ["b", "q_len", heads, size])], constants)
+
+
+def test_einsum_attention_is_fused_and_zeroes_queries_that_see_no_key():
+    heads, size, length = 2, 4, 5
+    proto = _einsum_attention(heads, size)
+    unfused = ort.InferenceSession(proto.SerializeToString())
+    assert fusions.fuse_attention(proto, fusions.tensor_shapes(proto)) == 1
+    remove_dead_nodes(proto)  # as the slim stage does next
+    assert "Softmax" not in [node.op_type for node in proto.graph.node]
+    fused = ort.InferenceSession(proto.SerializeToString())
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(0, 2, (2, length, heads, size)).astype("float32") for _ in "qkv")
+    valid = np.arange(length)[None] < np.array([[length], [3]])  # row 1: 2 pads
+    mask = valid[:, None, :, None] & valid[:, None, None, :]
+    logits = np.einsum("btnh,bsnh->bnts", q * np.float32(size**-0.5), k)
+    masked = np.where(mask, logits, np.float32(-1e9))
+    probs = np.exp(masked - masked.max(-1, keepdims=True))
+    probs = np.where(mask, probs / probs.sum(-1, keepdims=True), 0)  # keras.layers.Softmax
+    keras_like = np.einsum("bnts,bsnh->btnh", probs, v)
+    assert not keras_like[1, 3:].any()  # padded queries see no key: 0
+
+    feeds = {"q": q, "k": k, "v": v, "mask": mask}
+    (got,) = fused.run(None, feeds)
+    np.testing.assert_allclose(got, keras_like, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got, unfused.run(None, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_einsum_attention_with_two_masks_is_left_alone():
+    """Zeroing by another mask than the one selected into the logits is not
+    what the fused op and its zeroing compute."""
+    proto = _einsum_attention(2, 4, after_mask="other")
+    before = proto.SerializeToString()
+    declined = []
+    assert fusions.fuse_attention(proto, fusions.tensor_shapes(proto), declined) == 0
+    assert proto.SerializeToString() == before
+    assert declined == [("probs", "the selects before and after the softmax read different masks")]
+
+
+_TANH_CONSTANTS = [("half", 0.5), ("one", 1.0), ("cubic", 0.044715), ("root", 0.7978846)]
+
+
+def _tanh_gelu(x, outputs=("y",), bias=None):
+    """`gelu_approximate` as tf2onnx writes it, after `MatMul(x, w)` [+ bias]."""
+    nodes = [helper.make_node("MatMul", [x, "w"], ["mm"])]
+    if bias is not None:
+        nodes.append(helper.make_node("Add", ["mm", "bias"], ["a"]))
+    a = "a" if bias is not None else "mm"
+    nodes += [
+        helper.make_node("Mul", ["half", a], ["h"]),
+        helper.make_node("Pow", [a, "three"], ["c"]),
+        helper.make_node("Mul", ["cubic", "c"], ["k"]),
+        helper.make_node("Add", [a, "k"], ["s"]),
+        helper.make_node("Mul", ["root", "s"], ["t"]),
+        helper.make_node("Tanh", ["t"], ["u"]),
+        helper.make_node("Add", ["one", "u"], ["p"]),
+        helper.make_node("Mul", ["h", "p"], ["y"]),
+    ]
+    constants = [*_TANH_CONSTANTS, ("three", 3.0), ("w", np.eye(8, 4))]
+    if bias is not None:
+        constants.append(("bias", bias))
+    outputs = [_tensor(name, ["b", "t", 4]) for name in outputs]
+    return _model(nodes, [_tensor(x, ["b", "t", 8])], outputs, constants)
+
+
+def _run(proto, **feeds):
+    return ort.InferenceSession(proto.SerializeToString()).run(None, feeds)
+
+
+def test_fast_gelu_whose_inner_value_is_an_output_is_left_alone():
+    """ONNX Runtime's FastGelu fusion would drop the graph output `u`."""
+    proto = _tanh_gelu("x")
+    assert fusions.fuse_gelus(proto)["FastGelu"] == 1
+    proto = _tanh_gelu("x", outputs=("y", "u"))
+    before = proto.SerializeToString()
+    declined = []
+    assert fusions.fuse_gelus(proto, declined)["FastGelu"] == 0
+    assert proto.SerializeToString() == before
+    assert ("u", "Tanh: a value it would remove is a graph output") in declined
+
+
+def test_a_bias_of_one_value_is_left_out_of_fast_gelu():
+    """An Add broadcasts a (1,) bias; FastGelu needs one value per channel
+    (ONNX Runtime's fusion folds it in and the session then fails)."""
+    x = np.random.default_rng(0).normal(size=(1, 3, 8)).astype("float32")
+    proto = _tanh_gelu("x", bias=np.full(4, 0.5))
+    assert fusions.fuse_gelus(proto)["FastGelu"] == 1
+    assert [node.op_type for node in proto.graph.node] == ["MatMul", "FastGelu"]
+
+    proto = _tanh_gelu("x", bias=[0.5])
+    (reference,) = _run(proto, x=x)
+    declined = []
+    assert fusions.fuse_gelus(proto, declined)["FastGelu"] == 1  # without its bias
+    assert [node.op_type for node in proto.graph.node] == ["MatMul", "Add", "FastGelu"]
+    assert any("its bias is not a 1-D constant" in reason for _, reason in declined)
+    np.testing.assert_allclose(_run(proto, x=x)[0], reference, rtol=1e-5, atol=1e-6)
+
+
+def _erfc_gelu(root=0.5**0.5):
+    """`gelu` (exact) as TensorFlow writes it: 0.5 * x * erfc(-x / sqrt(2))."""
+    nodes = [
+        helper.make_node("Neg", ["x"], ["n"]),
+        helper.make_node("Mul", ["n", "root"], ["m"]),
+        helper.make_node("Erf", ["m"], ["e"]),
+        helper.make_node("Sub", ["one", "e"], ["s"]),
+        helper.make_node("Mul", ["half", "x"], ["h"]),
+        helper.make_node("Mul", ["h", "s"], ["y"]),
+    ]
+    constants = [("half", 0.5), ("one", 1.0), ("root", root)]
+    return _model(nodes, [_tensor("x", ["b", 8])], [_tensor("y", ["b", 8])], constants)
+
+
+def test_erfc_gelu_is_fused_and_another_constant_is_left_alone():
+    x = np.random.default_rng(0).normal(0, 3, (4, 8)).astype("float32")
+    proto = _erfc_gelu()
+    (reference,) = _run(proto, x=x)
+    assert fusions.fuse_gelus(proto)["Gelu"] == 1
+    assert [node.op_type for node in proto.graph.node] == ["Gelu"]
+    np.testing.assert_allclose(_run(proto, x=x)[0], reference, rtol=1e-6, atol=1e-6)
+
+    proto = _erfc_gelu(root=0.7)  # not 1/sqrt(2): not a GELU
+    before = proto.SerializeToString()
+    declined = []
+    assert fusions.fuse_gelus(proto, declined)["Gelu"] == 0
+    assert proto.SerializeToString() == before
+    assert ("e", "Erf: the erf's input is not -x / sqrt(2)") in declined
+
+
+def _add_layer_norm(axis):
+    nodes = [
+        helper.make_node("Add", ["a", "b"], ["s"]),
+        helper.make_node("LayerNormalization", ["s", "gamma", "beta"], ["y"], axis=axis),
+    ]
+    width = 8 if axis == -1 else 5
+    inputs = [_tensor(name, [2, 5, 8]) for name in "ab"]
+    constants = [("gamma", np.linspace(0.5, 1.5, width)), ("beta", np.linspace(-1, 1, width))]
+    return _model(nodes, inputs, [_tensor("y", [2, 5, 8])], constants)
+
+
+def test_a_layer_norm_over_another_axis_is_no_skip_layer_norm():
+    """SkipLayerNormalization normalises the last axis; ONNX Runtime's fusion
+    does not look at `axis`."""
+    proto = _add_layer_norm(axis=-1)
+    assert fusions.fuse_gelus(proto, skip_norms=True)["SkipLayerNormalization"] == 1
+
+    proto = _add_layer_norm(axis=1)
+    before = proto.SerializeToString()
+    declined = []
+    assert fusions.fuse_gelus(proto, declined, skip_norms=True)["SkipLayerNormalization"] == 0
+    assert proto.SerializeToString() == before
+    assert ("y", "LayerNormalization: normalises an axis other than the last") in declined
