@@ -10,6 +10,7 @@ killed, never one that would fit.
 """
 
 import os
+import stat
 import zipfile
 from pathlib import Path
 
@@ -56,6 +57,8 @@ def estimated_param_bytes(model) -> int:
     """The weights' bytes of a model in memory or of a `.keras` path."""
     if isinstance(model, str | os.PathLike):
         try:
+            if not stat.S_ISREG(os.stat(model).st_mode):
+                return 0  # a FIFO or device is never opened here: loading refuses it
             return archive_weight_bytes(Path(model))
         except (OSError, zipfile.BadZipFile):
             return 0  # not readable as an archive: loading will say why
