@@ -481,14 +481,14 @@ def unique_variables(model) -> list:
     return variables
 
 
-def _unique_param_bytes(model) -> int:
-    total = 0
-    for weight in unique_variables(model):
-        size = 1
-        for dim in weight.shape:
-            size *= int(dim)
-        total += size * 4  # exported in float32
-    return total
+def variable_bytes(variable) -> int:
+    """A variable's size as exported: float32."""
+    return 4 * int(np.prod(variable.shape, dtype=np.int64))
+
+
+def param_bytes(model) -> int:
+    """The model's weights in float32, each shared variable counted once."""
+    return sum(variable_bytes(variable) for variable in unique_variables(model))
 
 
 def _half_policies(model) -> list:
@@ -571,7 +571,7 @@ def load(model, imports=(), unsafe=False, input_roles=None) -> LoadedModel:
         input_structure=input_structure,
         output_structure=output_structure,
         source_policies=replaced,
-        param_bytes=_unique_param_bytes(model),
+        param_bytes=param_bytes(model),
         max_length=max_length,
         max_length_source=max_length_source,
     )

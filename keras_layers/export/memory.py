@@ -14,9 +14,8 @@ import stat
 import zipfile
 from pathlib import Path
 
-import numpy as np
-
 from keras_layers.export.errors import UsageError, fix
+from keras_layers.export.loading import param_bytes
 
 PEAK_PER_PARAM_BYTE = 7.2
 BASELINE_BYTES = 1_200_000_000  # TensorFlow, Keras, onnxruntime loaded, no model
@@ -40,15 +39,15 @@ def archive_weight_bytes(path: Path) -> int:
         return sum(item.file_size for item in archive.infolist() if item.filename.endswith(".h5"))
 
 
-def check_fits(param_bytes: int) -> None:
+def check_fits(weight_bytes: int) -> None:
     """Refuse (exit 2) an export whose estimated peak exceeds the memory available."""
     available = available_bytes()
-    need = BASELINE_BYTES + PEAK_PER_PARAM_BYTE * param_bytes
+    need = BASELINE_BYTES + PEAK_PER_PARAM_BYTE * weight_bytes
     if available is not None and need > available:
         raise UsageError(
             f"exporting this model needs about {need / 1e9:.1f} GB of memory "
             f"({BASELINE_BYTES / 1e9:.1f} GB + {PEAK_PER_PARAM_BYTE}x its "
-            f"{param_bytes / 1e9:.2f} GB of weights) and {available / 1e9:.1f} GB are "
+            f"{weight_bytes / 1e9:.2f} GB of weights) and {available / 1e9:.1f} GB are "
             f"available; free memory, or try anyway with {fix('memory_check')}"
         )
 
@@ -62,7 +61,6 @@ def estimated_param_bytes(model) -> int:
             return archive_weight_bytes(Path(model))
         except (OSError, zipfile.BadZipFile):
             return 0  # not readable as an archive: loading will say why
-    weights = getattr(model, "weights", None)
-    if weights is None:
+    if not hasattr(model, "weights"):
         return 0  # not a model: loading will say so
-    return sum(4 * int(np.prod(weight.shape, dtype=np.int64)) for weight in weights)
+    return param_bytes(model)

@@ -6,8 +6,6 @@ Building only: `placement` writes it, the command line's `display` renders it.
 from dataclasses import asdict
 from importlib import metadata
 
-import numpy as np
-
 from keras_layers.export import slimming
 from keras_layers.export.validating import Validation
 
@@ -47,11 +45,11 @@ def _weight_accounting(loaded, weights_read: set, slimmed) -> dict:
     the weights it reads (a fixed position table, shape constants) is
     `constant_bytes`.
     """
-    from keras_layers.export.loading import unique_variables
+    from keras_layers.export.loading import unique_variables, variable_bytes
 
     read, unused = 0, []
     for variable in unique_variables(loaded.model):
-        size = 4 * int(np.prod(variable.shape, dtype=np.int64))  # exported in float32
+        size = variable_bytes(variable)
         if variable.path in weights_read:
             read += size
         else:
