@@ -1,86 +1,190 @@
-"""Export a model whose weights pass 2 GiB: external data, validated.
+"""Big models: peak memory and time of a whole export, from 0.5 GB to 4 GB of weights.
 
-    python benchmarks/big_model.py [--vocabulary 300000] [--width 2048]
+    python benchmarks/big_model.py                 # the sweep, 0.5/1/2.5/4 GB + keras-hub 1B
+    python benchmarks/big_model.py --sizes 0.5     # one size only
+    python benchmarks/big_model.py --no-keras-hub  # only the models built from our layers
 
-Builds ScaledEmbedding(vocabulary, width) -> SinusoidalPositionEncoding ->
-Dense -> TiedOutputDense with random weights (300,000 x 2,048 floats = 2.46 GB
-by default), saves it, exports it with `python export/to_onnx.py` (external data
-chosen automatically past 1.8 GB) on a small validation grid, and prints the
-time, the peak memory of the export process and the file layout. Writes
-benchmarks/results/big_model.json.
+Each model is built with random weights and saved in a child process of its
+own, then exported by `python export/to_onnx.py` in another; the export's peak
+RSS is that child's own `ru_maxrss` (`os.wait4`), so neither the build nor an
+earlier export counts. The models are language models built from our layers
+(ScaledEmbedding(32000, d) -> SinusoidalPositionEncoding -> N keras-hub
+TransformerEncoder blocks -> TiedOutputDense), sized by N and d, and a
+keras-hub LlamaCausalLM of 1.1B parameters (TinyLlama's shape: 22 layers,
+hidden 2048, 32 query and 4 key/value heads, intermediate 5632, vocabulary
+32000). Validation runs on a small grid (1x7, 2x16, padded): the weights, not
+the activations, are what this measures. Writes benchmarks/results/big_model.json
+and .png; docs/performance.md's table is rendered from the JSON.
 """
 
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.results_io import RESULTS, finish_figure  # noqa: E402
+
+# (target GB, width, layers): 32000 x d embedding + layers x 12 d^2.
+OUR_MODELS = {
+    0.5: (1024, 7),
+    1.0: (1024, 17),
+    2.5: (2048, 11),
+    4.0: (2048, 19),
+}
+LLAMA_1B = dict(
+    vocabulary_size=32000,
+    num_layers=22,
+    num_query_heads=32,
+    num_key_value_heads=4,
+    hidden_dim=2048,
+    intermediate_dim=5632,
+)
+VOCABULARY = 32000
+SHAPES = "1x7,2x16,padded"
+
+
+def build_ours(width: int, layers: int):
+    import keras
+    import keras_hub
+
+    from keras_layers import ScaledEmbedding, SinusoidalPositionEncoding, TiedOutputDense
+
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    embedding = ScaledEmbedding(VOCABULARY, width, mask_zero=True)
+    hidden = SinusoidalPositionEncoding()(embedding(ids))
+    for _ in range(layers):
+        hidden = keras_hub.layers.TransformerEncoder(4 * width, width // 64)(hidden)
+    return keras.Model(ids, TiedOutputDense(embedding, name="logits")(hidden))
+
+
+def build_llama():
+    import keras_hub
+
+    backbone = keras_hub.models.LlamaBackbone(**LLAMA_1B)
+    return keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+
+
+def _build(name: str, path: str) -> None:
+    """Child process: build model `name`, save it to `path`, print its size."""
+    model = build_llama() if name == "llama-1b" else build_ours(*OUR_MODELS[float(name)])
+    parameters = model.count_params()
+    model.save(path)
+    print(json.dumps({"parameters": parameters}))
+
+
+def _run_measured(command: list) -> tuple[int, float, float, str]:
+    """Run `command`; its exit code, seconds, own peak RSS in bytes, stderr tail."""
+    start = time.perf_counter()
+    child = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    stderr = child.stderr.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    return child.returncode, time.perf_counter() - start, usage.ru_maxrss * 1024, stderr[-800:]
+
+
+def measure(name: str, work: Path) -> dict:
+    model = work / "model.keras"
+    built = subprocess.run(
+        [sys.executable, __file__, "--build", name, str(model)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    parameters = json.loads(built.stdout.strip().splitlines()[-1])["parameters"]
+    output = work / "model.onnx"
+    code, seconds, peak, stderr = _run_measured(
+        [sys.executable, "export/to_onnx.py", str(model), "-o", str(output), "--shapes", SHAPES]
+    )
+    report = json.loads((work / "model.report.json").read_text()) if code in (0, 1) else {}
+    param_bytes = 4 * parameters
+    row = {
+        "model": "keras-hub LlamaCausalLM 1.1B" if name == "llama-1b" else f"ours {name} GB",
+        "parameters": parameters,
+        "param_gb": round(param_bytes / 1e9, 3),
+        "exit_code": code,
+        "passed": report.get("passed"),
+        "seconds": round(seconds, 1),
+        "seconds_per_gb": round(seconds / (param_bytes / 1e9), 1),
+        "peak_rss_gb": round(peak / 1e9, 2),
+        "peak_over_params": round(peak / param_bytes, 2),
+        "stage_seconds": report.get("stage_seconds"),
+        "worst_abs_diff": (report.get("worst") or {}).get("max_abs_diff"),
+        "file_over_params": report.get("file_size_ratio") or report.get("size_ratio"),
+    }
+    if code not in (0, 1):
+        row["stderr_tail"] = stderr
+    for path in work.iterdir():
+        path.unlink()
+    return row
+
+
+def print_table(report: dict) -> None:
+    print(f"{'model':32} {'GB':>6} {'peak GB':>8} {'peak/params':>11} {'s':>7} {'s/GB':>6}  ok")
+    for row in report["rows"]:
+        print(
+            f"{row['model']:32} {row['param_gb']:6.2f} {row['peak_rss_gb']:8.2f} "
+            f"{row['peak_over_params']:11.2f} {row['seconds']:7.1f} {row['seconds_per_gb']:6.1f}"
+            f"  {row['passed']}"
+        )
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["rows"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    sizes = [row["param_gb"] for row in rows]
+    left.plot(sizes, [row["peak_over_params"] for row in rows], "o-")
+    left.axhline(2.5, color="gray", linestyle="--", label="target 2.5x")
+    left.set(xlabel="parameter GB", ylabel="peak RSS / parameter bytes")
+    left.legend()
+    right.plot(sizes, [row["seconds_per_gb"] for row in rows], "o-")
+    right.set(xlabel="parameter GB", ylabel="export seconds per GB", ylim=(0, None))
+    finish_figure(fig, report, path)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--vocabulary", type=int, default=300_000)
-    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--sizes", default=",".join(str(size) for size in OUR_MODELS))
+    parser.add_argument("--no-keras-hub", action="store_true")
+    parser.add_argument("--build", nargs=2, metavar=("NAME", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.build:
+        _build(*args.build)
+        return None
+    names = [str(float(size)) for size in args.sizes.split(",")]
+    names += [] if args.no_keras_hub else ["llama-1b"]
+    import platform
 
-    import keras
-
-    from keras_layers import ScaledEmbedding, SinusoidalPositionEncoding, TiedOutputDense
-
-    work = Path(tempfile.mkdtemp(prefix="big_model_"))
-    ids = keras.Input((None,), dtype="int32", name="token_ids")
-    embedding = ScaledEmbedding(args.vocabulary, args.width, mask_zero=True)
-    hidden = keras.layers.Dense(args.width)(SinusoidalPositionEncoding()(embedding(ids)))
-    model = keras.Model(ids, TiedOutputDense(embedding, name="logits")(hidden))
-    parameters = model.count_params()
-    model.save(work / "big.keras")
-    del model
-    start = time.perf_counter()
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "export" / "to_onnx.py"),
-            str(work / "big.keras"),
-            "-o",
-            str(work / "big.onnx"),
-            "--shapes",
-            "1x7,2x16,padded",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    report = (
-        json.loads((work / "big.report.json").read_text()) if result.returncode in (0, 1) else {}
-    )
-    layout = {p.name: p.stat().st_size for p in sorted(work.iterdir()) if p.is_file()}
-    summary = {
-        "parameters": parameters,
-        "param_bytes": 4 * parameters,
-        "exit_code": result.returncode,
-        "export_seconds": round(seconds, 1),
-        "export_peak_rss_mb": round(peak),
-        "files": layout,
-        "passed": report.get("passed"),
-        "external_data": report.get("external_data"),
-        "worst": report.get("worst"),
-        "stage_seconds": report.get("stage_seconds"),
-        "shared_weights": report.get("graph", {}).get("shared_weights"),
-        "stderr_tail": result.stderr[-500:],
+    report = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+        "command": "python benchmarks/big_model.py",
+        "shapes": SHAPES,
+        "rows": [],
     }
-    print(json.dumps(summary, indent=2))
-    out = Path(__file__).resolve().parent / "results" / "big_model.json"
-    out.write_text(json.dumps(summary, indent=2))
-    return summary
+    with tempfile.TemporaryDirectory(prefix="big_model_") as work:
+        for name in names:
+            report["rows"].append(measure(name, Path(work)))
+            print_table({"rows": report["rows"][-1:]})
+    print_table(report)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "big_model.json").write_text(json.dumps(report, indent=2))
+    plot(report, RESULTS / "big_model.png")
+    return report
 
 
 if __name__ == "__main__":

@@ -287,6 +287,39 @@ def layers_peers_table(report: dict) -> str:
     return markdown_table(header, [False] * 3 + [True] * 3, rows)
 
 
+# --- big_model.json ------------------------------------------------------------
+
+
+def big_model_sweep_table(report: dict) -> str:
+    """Peak memory and time of each export of the size sweep."""
+    rows = [
+        [
+            row["model"],
+            f"{row['parameters'] / 1e6:,.0f}M",
+            f"{row['param_gb']:.2f}",
+            "external" if row["param_gb"] > 1.8 else "in the graph",
+            f"{row['peak_rss_gb']:.2f}",
+            f"{row['peak_over_params']:.2f}",
+            f"{row['seconds']:.0f}",
+            f"{row['seconds_per_gb']:.1f}",
+            {True: "passed", False: "failed"}.get(row["passed"], f"exit {row['exit_code']}"),
+        ]
+        for row in report["rows"]
+    ]
+    header = [
+        "model",
+        "parameters",
+        "weights GB",
+        "weights",
+        "peak RSS GB",
+        "peak / weights",
+        "export s",
+        "s per GB",
+        "validation",
+    ]
+    return markdown_table(header, [False, True, True, False, True, True, True, True, False], rows)
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "export_bench.files": export_bench_files_table,
     "export_bench.latency": export_bench_latency_table,
@@ -294,6 +327,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "scaling.by_length": scaling_by_length_table,
     "scaling.by_vocabulary": scaling_by_vocabulary_table,
     "layers.peers": layers_peers_table,
+    "big_model.sweep": big_model_sweep_table,
 }
 
 

@@ -579,6 +579,7 @@ def test_a_captured_constant_is_folded_not_a_graph_input(tmp_path):
 
 def test_gemma_backbone_exports_with_its_captured_scale(tmp_path):
     import keras_hub
+
     keras.utils.set_random_seed(11)
     model = keras_hub.models.GemmaBackbone(
         vocabulary_size=100,

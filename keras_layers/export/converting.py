@@ -18,11 +18,13 @@ Default opset 18: the newest tf2onnx 1.16-1.17 emits, run by every
 onnxruntime since 1.14.
 """
 
+import contextlib
 import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -38,7 +40,8 @@ LARGE_MODEL_BYTES = 1_800_000_000
 
 @dataclass
 class ConvertedModel:
-    """The output of `convert`: an ONNX ModelProto with its tensors inline."""
+    """The output of `convert`: an ONNX ModelProto with its tensors inline, or
+    its weights in the data file `convert` was given."""
 
     proto: object
     opset: int
@@ -139,34 +142,79 @@ def _inline_external_tensors(proto, storage) -> None:
         init.data_location = TensorProto.DEFAULT
 
 
-def _weights_to_initializers(proto, traced: TracedModel) -> None:
+# Weights of at least this many bytes go to the data file when the export uses
+# one (ONNX's own `size_threshold` default); smaller ones stay in the graph.
+EXTERNAL_MIN_BYTES = 1024
+# Offsets in the data file are multiples of this: the page size of every common
+# platform (64 KiB is Windows' mapping granularity), so ONNX Runtime can map a
+# tensor from the file rather than copy it.
+DATA_ALIGNMENT = 1 << 16
+
+
+def _set_values(tensor, array, data) -> None:
+    """Give `tensor` the values of `array`: in place as raw bytes, or, with
+    `data` (an open binary file), appended there at an aligned offset."""
+    from onnx import TensorProto
+
+    little = array.astype(array.dtype.newbyteorder("<"), copy=False)
+    if data is None or little.nbytes < EXTERNAL_MIN_BYTES:
+        tensor.raw_data = little.tobytes()
+        return
+    offset = -(-data.tell() // DATA_ALIGNMENT) * DATA_ALIGNMENT
+    data.seek(offset)
+    data.write(memoryview(np.ascontiguousarray(little)).cast("B"))
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (
+        ("location", Path(data.name).name),
+        ("offset", str(offset)),
+        ("length", str(little.nbytes)),
+    ):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+
+
+def _values(variable) -> np.ndarray:
+    """A variable's values as a NumPy array, without a copy where TensorFlow
+    allows one (a read of the variable shares its buffer; `.numpy()` copies)."""
+    import keras
+
+    value = variable.value
+    read = getattr(value, "read_value", None)
+    return np.asarray(read()) if read is not None else keras.ops.convert_to_numpy(value)
+
+
+def _weights_to_initializers(proto, traced: TracedModel, data_path: Path | None = None) -> None:
     """Replace the weight inputs of the graph by initializers holding their values.
 
-    Each variable is read into NumPy and its bytes are set on a new initializer
-    in place: `RepeatedField.append` and `numpy_helper.from_array` + `CopyFrom`
-    copy by serialising, which fails for a tensor over 2 GiB. Names are the
-    variables' Keras paths (`token_embedding/embeddings`).
+    Each variable is read into NumPy on its own and its bytes are set on a new
+    initializer in place (`RepeatedField.append` and `numpy_helper.from_array` +
+    `CopyFrom` copy by serialising, which fails for a tensor over 2 GiB), or,
+    with `data_path`, written to that file, which the initializer then points
+    at: the graph never holds those weights, and memory holds one variable's
+    copy at a time. Names are the variables' Keras paths
+    (`token_embedding/embeddings`).
     """
-    import keras
     from onnx import helper
 
     graph = proto.graph
     specs = dict(zip(traced.weight_input_names(), traced.weights, strict=True))
     kept = [value for value in graph.input if value.name not in specs]
     names = {}
-    for value in graph.input:
-        variable = specs.get(value.name)
-        if variable is None:
-            continue
-        name = variable.path if variable.path not in names.values() else value.name
-        names[value.name] = name
-        array = keras.ops.convert_to_numpy(variable.value)
-        tensor = graph.initializer.add()
-        tensor.name = name
-        tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
-        tensor.dims.extend(array.shape)
-        tensor.raw_data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-        del array
+    with contextlib.ExitStack() as stack:
+        data = stack.enter_context(open(data_path, "wb")) if data_path else None
+        for value in graph.input:
+            variable = specs.get(value.name)
+            if variable is None:
+                continue
+            name = variable.path if variable.path not in names.values() else value.name
+            names[value.name] = name
+            array = _values(variable)
+            tensor = graph.initializer.add()
+            tensor.name = name
+            tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+            tensor.dims.extend(array.shape)
+            _set_values(tensor, array, data)
+            del array
     del graph.input[:]
     graph.input.extend(kept)
     for node in graph.node:
@@ -191,6 +239,41 @@ def _numpy_product_alias() -> Iterator[None]:
         yield
     finally:
         del np.product
+
+
+@contextmanager
+def _grappler_without_placeholder_shapes() -> Iterator[None]:
+    """Hide the static shapes of the graph's placeholders from Grappler.
+
+    Freezing runs Grappler's function inlining, which builds a zero-filled
+    tensor for every placeholder of static shape; the weights are
+    placeholders here, and TensorFlow keeps that memory until the process
+    ends (measured: +2.6 GB held for 2.47 GB of weights). Grappler gets the
+    placeholders without shapes and the result gets them back.
+    """
+    from tensorflow.python.grappler import tf_optimizer
+
+    original = tf_optimizer.OptimizeGraph
+
+    def optimize(config_proto, metagraph, *args, **kwargs):
+        shapes = {}
+        for node in metagraph.graph_def.node:
+            if node.op == "Placeholder" and "shape" in node.attr:
+                shapes[node.name] = type(node.attr["shape"])()
+                shapes[node.name].CopyFrom(node.attr["shape"])
+                node.attr["shape"].shape.unknown_rank = True
+                del node.attr["shape"].shape.dim[:]
+        graph_def = original(config_proto, metagraph, *args, **kwargs)
+        for node in graph_def.node:
+            if node.name in shapes:
+                node.attr["shape"].CopyFrom(shapes[node.name])
+        return graph_def
+
+    tf_optimizer.OptimizeGraph = optimize
+    try:
+        yield
+    finally:
+        tf_optimizer.OptimizeGraph = original
 
 
 def _captured_constants(concrete, explicit: int) -> dict:
@@ -224,7 +307,7 @@ def _captures_to_initializers(proto, captured: dict) -> None:
         graph.initializer.append(numpy_helper.from_array(captured[name], name))
 
 
-def _tf2onnx(traced: TracedModel, opset: int):
+def _tf2onnx(traced: TracedModel, opset: int, data_path: Path | None):
     import tensorflow as tf
     from tf2onnx import convert, optimizer, tf_loader, tf_utils, tfonnx
     from tf2onnx.graph import ExternalTensorStorage
@@ -236,7 +319,7 @@ def _tf2onnx(traced: TracedModel, opset: int):
     captured = _captured_constants(concrete, len(traced.signature))
     outputs = [t.name for t in concrete.outputs if t.dtype != tf.dtypes.resource]
     renames = convert.tensor_names_from_structed(concrete, inputs, outputs)
-    with tf.device("/cpu:0"):
+    with tf.device("/cpu:0"), _grappler_without_placeholder_shapes():
         frozen = tf_loader.from_function(concrete, inputs, outputs, large_model=True)
     with tf.Graph().as_default() as tf_graph:
         constants = tf_utils.compress_graph_def(frozen)
@@ -261,13 +344,23 @@ def _tf2onnx(traced: TracedModel, opset: int):
     if unconverted:
         raise ConversionError(_unsupported_message(unconverted))
     _inline_external_tensors(proto, storage)
-    _weights_to_initializers(proto, traced)
+    _weights_to_initializers(proto, traced, data_path)
     _captures_to_initializers(proto, captured)
     return proto
 
 
-def convert(traced: TracedModel, opset: int = DEFAULT_OPSET) -> ConvertedModel:
+def convert(
+    traced: TracedModel, opset: int = DEFAULT_OPSET, data_path: Path | None = None
+) -> ConvertedModel:
     """Convert the traced function to an ONNX proto with its weights as initializers.
+
+    Args:
+        traced: the output of `tracing.trace`.
+        opset: the ONNX opset.
+        data_path: if given, the weights of at least `EXTERNAL_MIN_BYTES` are
+            written to this file and the initializers point at it (by its
+            name, so the graph must be saved beside it); otherwise they are
+            held in the proto.
 
     Raises:
         ConversionError: tf2onnx left an op unconverted (the message names the
@@ -276,7 +369,7 @@ def convert(traced: TracedModel, opset: int = DEFAULT_OPSET) -> ConvertedModel:
     check_opset(opset)
     start = time.perf_counter()
     try:
-        proto = _tf2onnx(traced, opset)
+        proto = _tf2onnx(traced, opset, data_path)
     except ConversionError:
         raise
     except Exception as error:  # noqa: BLE001 - translated below

@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 
 def _body_reads(node) -> set[str]:
@@ -55,8 +55,17 @@ class _Graph:
         self.initializers = {init.name: init for init in graph.initializer}
 
     def const(self, name):
+        """The values of initializer `name`; None if it is not one, or if its
+        values are in a data file (a weight: no rule reads one's values)."""
         init = self.initializers.get(name)
-        return None if init is None else numpy_helper.to_array(init)
+        if init is None or init.data_location == TensorProto.EXTERNAL:
+            return None
+        return numpy_helper.to_array(init)
+
+    def const_shape(self, name):
+        """The shape of initializer `name` (wherever its values are), or None."""
+        init = self.initializers.get(name)
+        return None if init is None else tuple(init.dims)
 
     def node(self, name, op_type):
         node = self.producer.get(name)
@@ -220,16 +229,16 @@ def fuse_tensordot_matmuls(proto) -> int:
 
 def _matrix_shape(g, name):
     """Shape of a constant matrix, or of `Transpose(matrix)` (a tied weight)."""
-    weight = g.const(name)
-    if weight is not None:
-        return weight.shape if weight.ndim == 2 else None
+    shape = g.const_shape(name)
+    if shape is not None:
+        return shape if len(shape) == 2 else None
     transpose = g.node(name, "Transpose")
     if transpose is None:
         return None
-    weight = g.const(transpose.input[0])
-    if weight is None or weight.ndim != 2 or _perm(transpose) not in (None, [1, 0]):
+    shape = g.const_shape(transpose.input[0])
+    if shape is None or len(shape) != 2 or _perm(transpose) not in (None, [1, 0]):
         return None
-    return weight.shape[::-1]
+    return shape[::-1]
 
 
 def _skip_casts(g, name):

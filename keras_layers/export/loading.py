@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from keras_layers.export import inputs as inputs_module
+from keras_layers.export import lean_loading
 from keras_layers.export.errors import ModelLoadError, UsageError, argument, fix
 
 # Dtype policies whose variables are float32 but whose compute is half
@@ -114,6 +115,19 @@ class LoadedModel:
     # The longest sequence the position tables allow, and the layer that says so.
     max_length: int | None = None
     max_length_source: str | None = None
+    # (Keras path, bytes) of each unique variable: the report's accounting, which
+    # still holds once the model is released.
+    variable_sizes: list = field(default_factory=list)
+    name: str = "model"
+
+    def release_model(self) -> None:
+        """Drop the model, so that its weights can be freed: only for a model
+        loaded from a file (one passed in memory is the caller's to keep)."""
+        import gc
+
+        if self.path is not None:
+            self.model = None
+            gc.collect()
 
 
 # Imported before any user module, so that a file named like one of them in the
@@ -497,13 +511,17 @@ def _half_policies(model) -> list:
 
 
 def _load_archive(path: Path, unsafe: bool):
-    """Keras' `load_model` on a float32 copy of the archive's config."""
+    """The archive's model, computing in float32 (`_float32_archive`), loaded
+    with one copy of its weights in memory (`lean_loading`), or by Keras'
+    `load_model` when that cannot read it."""
     import keras
 
     with tempfile.TemporaryDirectory() as workdir:
         source, replaced = _float32_archive(path, Path(workdir))
         try:
-            model = keras.saving.load_model(source, compile=False, safe_mode=not unsafe)
+            model = lean_loading.load(source, safe_mode=not unsafe)
+            if model is None:
+                model = keras.saving.load_model(source, compile=False, safe_mode=not unsafe)
         except Exception as error:  # noqa: BLE001 - translated for the user
             raise ModelLoadError(_explain_load_error(path, error)) from error
     return model, replaced
@@ -574,4 +592,6 @@ def load(model, imports=(), unsafe=False, input_roles=None) -> LoadedModel:
         param_bytes=param_bytes(model),
         max_length=max_length,
         max_length_source=max_length_source,
+        variable_sizes=[(v.path, variable_bytes(v)) for v in unique_variables(model)],
+        name=model.name,
     )

@@ -113,25 +113,22 @@ def _check_options(atol, rtol, opset, external_data, quantize) -> None:
         )
 
 
+# The staged graph and the data file its weights were written to by `convert`
+# (`data_name`: placement renames it by its content).
+_STAGED_GRAPH = "model.onnx"
+_STAGED_DATA = placement.data_name(_STAGED_GRAPH, "staged")
+
+
 def _save(proto, path: Path, external: bool) -> Path | None:
-    """Save the proto; with `external`, its weights go to a data file beside it
-    (named `data_name(path.name, "staged")` until placement names it by its
-    content). Returns the data file, if any."""
+    """Save the proto; with `external`, its weights are already in the data
+    file beside it, written by `convert`. Returns the data file, if any."""
     import onnx
 
+    onnx.save_model(proto, path)
     if not external:
-        onnx.save_model(proto, path)
         return None
-    data = path.with_name(placement.data_name(path.name, "staged"))
-    onnx.save_model(
-        proto,
-        path,
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=data.name,
-        size_threshold=1024,
-    )
-    if not data.exists():  # every tensor was under the threshold: an empty data file
+    data = path.with_name(_STAGED_DATA)
+    if not data.exists():  # every weight was under the threshold: an empty data file
         data.touch()
     return data
 
@@ -150,10 +147,13 @@ def _point_at_data(graph_path: Path, data_name: str) -> None:
     onnx.save_model(proto, graph_path)
 
 
-def _quantize(loaded, float_path, int8_path, shapes, evaluate, param_bytes) -> dict:
+def _quantize(loaded, staged: "_Staged", shapes, evaluate, external: bool, references) -> dict:
     """Quantize the validated float file and judge it; returns its report entry."""
-    quantizing.quantize_int8(float_path, int8_path)
-    validation = validating.validate(loaded, int8_path, shapes, quantized=True)
+    int8_path, param_bytes = staged.int8, loaded.param_bytes
+    quantizing.quantize_int8(staged.graph, int8_path)
+    validation = validating.validate(
+        loaded, int8_path, shapes, quantized=True, lean_memory=external, references=references
+    )
     evaluation = evaluate(int8_path) if evaluate else None
     worst = min(
         (check for check in validation.checks if check.top1_agreement is not None),
@@ -312,58 +312,63 @@ def export_model(
         validating.check_shapes(shapes)
     if memory_check:
         memory.check_fits(memory.estimated_param_bytes(model))
-    with _Interrupts().watching() as interrupts:
+    with _Interrupts().watching() as interrupts, placement.staging_folder(output) as folder:
         run = _Run(progress, interrupts)
         loaded, weights_read, slimmed, external = _convert(
-            model, run, imports, unsafe, opset, external_data, input_roles
+            model, run, imports, unsafe, opset, external_data, input_roles, folder
         )
         if shapes is not None:
             validating.check_shapes_fit(loaded, shapes)
         shapes = shapes or validating.default_shapes(loaded)
-        with placement.staging_folder(output) as folder:
-            staged = _Staged.write(slimmed.proto, folder, output, external)
-            with run.stage("validate"):
-                validation = validating.validate(
-                    loaded,
-                    staged.graph,
-                    shapes,
-                    atol,
-                    rtol,
-                    run.steps("validate"),
-                    allow_nonfinite=allow_nonfinite,
-                )
-            int8 = None
-            if quantize and validation.passed:
-                with run.stage("quantize"):
-                    int8 = _quantize(
-                        loaded, staged.graph, staged.int8, shapes, evaluate, loaded.param_bytes
-                    )
-            passed = validation.passed and (int8 is None or int8["passed"])
-            final = targets if passed else targets.failed()
-            with run.stage("report"):
-                moves = staged.moves(final, int8 is not None)
-                report = reporting.build_report(
-                    loaded=loaded,
-                    onnx_path=final.onnx,
-                    opset=opset,
-                    file_bytes=staged.file_bytes,
-                    weights_read=weights_read,
-                    slimmed=slimmed,
-                    validation=validation,
-                    stages=run.seconds,
-                    external_data=external,
-                    extra=extra_report,
-                )
-                report["passed"] = passed
-                report["data_files"] = [str(to) for _, to in moves if to.name.endswith(".data")]
-                report["report_path"] = str(final.report)
-                if int8 is not None:
-                    report["int8"] = {"onnx_path": str(final.int8), **int8}
-            report["stage_seconds"]["report"] = round(run.seconds["report"], 3)
-            placement.write_json(report, staged.report)
-            with _signals_deferred():
-                interrupts.check()
-                placement.place([*moves, (staged.report, final.report)])
+        staged = _Staged.write(slimmed.proto, folder, output, external)
+        with run.stage("validate"):
+            references = None
+            if external:
+                # Keras' outputs first, then its weights go before ONNX Runtime
+                # maps its own: the two copies are never held at once.
+                references = validating.keras_references(loaded, shapes)
+                loaded.release_model()
+            validation = validating.validate(
+                loaded,
+                staged.graph,
+                shapes,
+                atol,
+                rtol,
+                run.steps("validate"),
+                allow_nonfinite=allow_nonfinite,
+                lean_memory=external,
+                references=references,
+            )
+        int8 = None
+        if quantize and validation.passed:
+            with run.stage("quantize"):
+                int8 = _quantize(loaded, staged, shapes, evaluate, external, references)
+        passed = validation.passed and (int8 is None or int8["passed"])
+        final = targets if passed else targets.failed()
+        with run.stage("report"):
+            moves = staged.moves(final, int8 is not None)
+            report = reporting.build_report(
+                loaded=loaded,
+                onnx_path=final.onnx,
+                opset=opset,
+                file_bytes=staged.file_bytes,
+                weights_read=weights_read,
+                slimmed=slimmed,
+                validation=validation,
+                stages=run.seconds,
+                external_data=external,
+                extra=extra_report,
+            )
+            report["passed"] = passed
+            report["data_files"] = [str(to) for _, to in moves if to.name.endswith(".data")]
+            report["report_path"] = str(final.report)
+            if int8 is not None:
+                report["int8"] = {"onnx_path": str(final.int8), **int8}
+        report["stage_seconds"]["report"] = round(run.seconds["report"], 3)
+        placement.write_json(report, staged.report)
+        with _signals_deferred():
+            interrupts.check()
+            placement.place([*moves, (staged.report, final.report)])
     if not passed:
         raise ValidationFailed(
             _failure_message(report, validation, targets, final, atol, rtol), report
@@ -399,9 +404,13 @@ class _Run:
         return step
 
 
-def _convert(model, run: _Run, imports, unsafe: bool, opset: int, external_data: str, input_roles):
+def _convert(
+    model, run: _Run, imports, unsafe: bool, opset: int, external_data: str, input_roles, folder
+):
     """Load, trace, convert and slim: (loaded model, Keras paths of the
-    weights the outputs read, slimmed proto, external data?)."""
+    weights the outputs read, slimmed proto, external data?). With external
+    data, the weights are written to the staged data file in `folder` as they
+    are converted, never held in the proto."""
     with run.stage("load"):
         loaded = loading.load(model, imports=imports, unsafe=unsafe, input_roles=input_roles)
     external = external_data == "always" or (
@@ -410,14 +419,15 @@ def _convert(model, run: _Run, imports, unsafe: bool, opset: int, external_data:
     with run.stage("trace"):
         traced = tracing.trace(loaded)
     with run.stage("convert"):
-        converted = converting.convert(traced, opset=opset)
+        data_path = folder / _STAGED_DATA if external else None
+        converted = converting.convert(traced, opset=opset, data_path=data_path)
     with run.stage("slim"):
         slimmed = slimming.slim(
             converted.proto,
             loaded.inputs,
             loaded.outputs,
             run_onnxslim=not external,
-            model_name=loaded.model.name,
+            model_name=loaded.name,
         )
     return loaded, converted.weights_read, slimmed, external
 
@@ -435,7 +445,7 @@ class _Staged:
     def write(cls, proto, folder: Path, output: Path, external: bool) -> "_Staged":
         # Fixed names inside the private folder: an output called `report.json`
         # or `int8.onnx` cannot collide with another staged file.
-        graph = folder / "model.onnx"
+        graph = folder / _STAGED_GRAPH
         try:
             data = _save(proto, graph, external)
         except OSError as error:

@@ -45,15 +45,12 @@ def _weight_accounting(loaded, weights_read: set, slimmed) -> dict:
     the weights it reads (a fixed position table, shape constants) is
     `constant_bytes`.
     """
-    from keras_layers.export.loading import unique_variables, variable_bytes
-
     read, unused = 0, []
-    for variable in unique_variables(loaded.model):
-        size = variable_bytes(variable)
-        if variable.path in weights_read:
+    for path, size in loaded.variable_sizes:
+        if path in weights_read:
             read += size
         else:
-            unused.append({"name": variable.path, "bytes": size})
+            unused.append({"name": path, "bytes": size})
     stored = sum(slimmed.initializer_bytes.values())
     return {
         "read_param_bytes": read,
@@ -98,7 +95,7 @@ def build_report(
     report = {
         "passed": validation.passed,
         "onnx_path": str(onnx_path),
-        "source_model": str(loaded.path) if loaded.path else f"in memory: {loaded.model.name}",
+        "source_model": str(loaded.path) if loaded.path else f"in memory: {loaded.name}",
         "opset": opset,
         "file_bytes": file_bytes,
         "param_bytes": weights["read_param_bytes"],

@@ -75,8 +75,8 @@ def deduplicate_initializers(proto) -> list:
     removed = []  # positions in graph.initializer
     for position, init in enumerate(graph.initializer):
         size = int(np.prod(init.dims)) if init.dims else 1
-        if size < _MIN_DEDUPE_ELEMENTS:
-            continue
+        if size < _MIN_DEDUPE_ELEMENTS or init.data_location == onnx.TensorProto.EXTERNAL:
+            continue  # a weight already in the data file is one variable, stored once
         array = numpy_helper.to_array(init)
         key = (array.dtype.str, array.shape, _digest(array))
         if key in seen:
@@ -565,6 +565,63 @@ def name_dynamic_axes(proto, inputs: list, outputs: list) -> None:
                 dim.dim_param = axis_name
 
 
+def _reshaped_dims(dims: list, shape: list) -> list | None:
+    """ONNX Reshape's output dims (`allowzero` 0: a 0 copies the input's dim),
+    or None where they do not hold the same number of elements."""
+    out = [dims[i] if size == 0 and i < len(dims) else size for i, size in enumerate(shape)]
+    total = int(np.prod(dims, dtype=np.int64))
+    if out.count(-1) == 1:
+        known = int(np.prod([d for d in out if d != -1], dtype=np.int64))
+        if known == 0 or total % known:
+            return None
+        out[out.index(-1)] = total // known
+    if -1 in out or int(np.prod(out, dtype=np.int64)) != total:
+        return None
+    return out
+
+
+def fold_weight_views(proto) -> int:
+    """Fold `Reshape(W, constant)` and `Identity(W)` of an initializer read by
+    that node alone into the initializer itself: a row-major reshape changes
+    only its dims, never its bytes, so a weight in the data file stays where
+    it is. Without this, ONNX Runtime folds them when the session starts,
+    copying each weight it reshapes (measured: a 2.5 GB encoder's session
+    held 3.5 GB instead of 2.5). Returns the number of nodes folded."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = proto.graph
+    initializers = {init.name: init for init in graph.initializer}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in {*node.input, *(n for b in subgraphs(node) for n in free_names(b))}:
+            readers[name] = readers.get(name, 0) + 1
+    outputs = {value.name for value in graph.output}
+    renames, folded = {}, []
+    for position, node in enumerate(graph.node):
+        if node.op_type not in ("Reshape", "Identity") or not node.input:
+            continue
+        weight = initializers.get(node.input[0])
+        if weight is None or readers.get(weight.name) != 1 or node.output[0] in outputs:
+            continue
+        if node.op_type == "Reshape":
+            shape = initializers.get(node.input[1]) if len(node.input) > 1 else None
+            allowzero = any(a.name == "allowzero" and a.i for a in node.attribute)
+            if shape is None or allowzero or shape.data_location == onnx.TensorProto.EXTERNAL:
+                continue
+            dims = _reshaped_dims(list(weight.dims), numpy_helper.to_array(shape).tolist())
+            if dims is None:
+                continue
+            del weight.dims[:]
+            weight.dims.extend(dims)
+        renames[node.output[0]] = weight.name
+        folded.append(position)
+    for position in reversed(folded):
+        del graph.node[position]
+    _rename_reads(graph, renames)
+    return len(folded)
+
+
 def remove_dead_nodes(proto) -> None:
     """Drop nodes whose outputs nothing reads, then unread initializers."""
     graph = proto.graph
@@ -603,6 +660,8 @@ def slim(
         # shape, so the shapes stay true for every tensor the other reads.
         shapes = fusions.tensor_shapes(proto)
         fused["LayerNormalization"] = fusions.fuse_layer_norms(proto, fusions.tensor_ranks(shapes))
+    else:  # onnxslim, which folds these (copying), did not run
+        fold_weight_views(proto)
     fused["MatMul"] = fusions.fuse_tensordot_matmuls(proto)
     if run_onnxslim:
         fused["MultiHeadAttention"] = fusions.fuse_attention(proto, shapes)

@@ -1,0 +1,208 @@
+"""Load a `.keras` archive holding one copy of its weights in memory.
+
+`keras.saving.load_model` first builds the model, drawing every weight from its
+initializer, then reads the whole `model.weights.h5` entry into a `BytesIO`
+(when `psutil` says it fits) and assigns each weight from it. Measured on a
+model of 2.47 GB of weights (`benchmarks/big_model.py`): peak RSS 13.3 GB,
+24.5 s, and 8.7 GB still held afterwards.
+
+Here the model is built with its variables deferred (no initializer runs),
+and each variable is created straight from its stored value, read through a
+window onto the weights entry of the archive (Keras stores it uncompressed,
+so it is one byte range of the file). Same model: peak 7.8 GB (the weights
+once, plus TensorFlow's transient copies of the largest single variable:
+3 copies of a 2.46 GB matrix here), 6.9 s, 3.4 GB held afterwards: the
+weights once over the 0.74 GB that the imports take.
+
+It follows Keras' own loading steps (`saving_lib._model_from_config`,
+`saving_lib._load_state`, `H5IOStore`), which are not public API. When they
+are missing, or an archive is laid out differently (compressed weights,
+`.npz` weights, assets), `load` returns None and the caller uses
+`keras.saving.load_model`; `tests/test_lean_loading.py` checks that both give
+the same variables.
+"""
+
+import io
+import os
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+WEIGHTS_ENTRY = "model.weights.h5"
+CONFIG_ENTRY = "config.json"
+# What Keras writes besides assets: with anything more, Keras' loader runs.
+_PLAIN_ENTRIES = {CONFIG_ENTRY, "metadata.json", WEIGHTS_ENTRY}
+_LOCAL_HEADER_BYTES = 30
+
+
+class _Window(io.BytesIO):
+    """A read-only file object over `size` bytes of `fd` from `start`.
+
+    h5py reads it through `readinto` (positional reads, nothing buffered).
+    It subclasses `BytesIO` only because Keras' `H5IOStore` accepts no
+    other file object.
+    """
+
+    def __init__(self, fd: int, start: int, size: int):
+        super().__init__()
+        self._fd, self._start, self._size, self._position = fd, start, size, 0
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self._size}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        wanted = max(0, min(len(view), self._size - self._position))
+        done = 0
+        while done < wanted:
+            got = os.preadv(self._fd, [view[done:wanted]], self._start + self._position + done)
+            if got == 0:
+                break
+            done += got
+        self._position += done
+        return done
+
+    def read(self, size: int | None = -1) -> bytes:
+        left = max(0, self._size - self._position)
+        size = left if size is None or size < 0 else min(size, left)
+        data = bytearray(size)
+        return bytes(data[: self.readinto(data)])
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def write(self, data) -> int:
+        raise io.UnsupportedOperation("read-only window onto an archive entry")
+
+
+def _entry_start(file, info: zipfile.ZipInfo) -> int | None:
+    """Offset in the archive file of a stored entry's first byte."""
+    file.seek(info.header_offset)
+    header = file.read(_LOCAL_HEADER_BYTES)
+    if len(header) != _LOCAL_HEADER_BYTES or header[:4] != b"PK\x03\x04":
+        return None
+    name_length = int.from_bytes(header[26:28], "little")
+    extra_length = int.from_bytes(header[28:30], "little")
+    return info.header_offset + _LOCAL_HEADER_BYTES + name_length + extra_length
+
+
+def _keras_steps():
+    """Keras' loading functions, or None when this Keras has other ones."""
+    try:
+        from keras.src.backend.tensorflow.core import Variable
+        from keras.src.saving import saving_lib
+    except ImportError:
+        return None
+    needed = (
+        hasattr(saving_lib, "_model_from_config")
+        and hasattr(saving_lib, "_load_state")
+        and hasattr(saving_lib, "H5IOStore")
+        and hasattr(saving_lib, "_raise_loading_failure")
+        and hasattr(Variable, "_direct_assign")
+        and hasattr(Variable, "_initialize")
+        and hasattr(Variable, "_initialize_with_initializer")
+    )
+    return (saving_lib, Variable) if needed else None
+
+
+@contextmanager
+def _deferred_variables(variable_class) -> Iterator[list]:
+    """Variables created meanwhile from an initializer get no value; the list
+    yielded collects them. (A variable created from a value, such as the step
+    counter of the optimizer a keras-hub task compiles, is created as usual.)"""
+    original = variable_class._initialize_with_initializer
+    deferred = []
+
+    def defer(self, initializer):
+        self._value = None
+        self._initializer = initializer
+        deferred.append(self)
+
+    variable_class._initialize_with_initializer = defer
+    try:
+        yield deferred
+    finally:
+        variable_class._initialize_with_initializer = original
+
+
+@contextmanager
+def _assign_creates(variable_class) -> Iterator[None]:
+    """Meanwhile, assigning to a deferred variable creates it from the value."""
+    original = variable_class._direct_assign
+
+    def direct_assign(self, value):
+        if self._value is None:
+            self._initialize(value)
+            self._initializer = None
+        else:
+            original(self, value)
+
+    variable_class._direct_assign = direct_assign
+    try:
+        yield
+    finally:
+        variable_class._direct_assign = original
+
+
+def _initialize_the_rest(deferred: list) -> None:
+    """Run the initializers of deferred variables the archive did not fill."""
+    for variable in deferred:
+        if variable._value is None:
+            variable._initialize_with_initializer(variable._initializer)
+            variable._initializer = None
+
+
+def load(path: Path, safe_mode: bool = True):
+    """The model in the `.keras` archive at `path`, or None when this archive
+    or this Keras needs `keras.saving.load_model`.
+
+    Raises whatever Keras raises for a config or weights it cannot use.
+    """
+    import keras
+
+    steps = _keras_steps()
+    if steps is None or keras.backend.backend() != "tensorflow":
+        return None
+    saving_lib, variable_class = steps
+    with zipfile.ZipFile(path) as archive, open(path, "rb") as file:
+        names = set(archive.namelist())
+        if not names <= _PLAIN_ENTRIES or {CONFIG_ENTRY, WEIGHTS_ENTRY} - names:
+            return None
+        info = archive.getinfo(WEIGHTS_ENTRY)
+        start = _entry_start(file, info)
+        if info.compress_type != zipfile.ZIP_STORED or start is None:
+            return None
+        config = archive.read(CONFIG_ENTRY).decode()
+        with _deferred_variables(variable_class) as deferred:
+            model = saving_lib._model_from_config(config, None, False, safe_mode)
+        store = saving_lib.H5IOStore(_Window(file.fileno(), start, info.file_size), mode="r")
+        failed, errors = set(), {}
+        try:
+            with _assign_creates(variable_class):
+                saving_lib._load_state(
+                    model,
+                    weights_store=store,
+                    assets_store=None,
+                    inner_path="",
+                    visited_saveables=set(),
+                    failed_saveables=failed,
+                    error_msgs=errors,
+                )
+        finally:
+            store.close()
+            _initialize_the_rest(deferred)
+    if failed:
+        saving_lib._raise_loading_failure(errors)
+    return model

@@ -1,0 +1,188 @@
+"""The path big models take (`external_data`): weights streamed to an aligned
+data file, weight reshapes folded into the weights, Keras released before
+ONNX Runtime, and the same verdicts as the in-memory path.
+
+Peak memory itself is measured by `benchmarks/big_model.py`, not asserted
+here (it depends on the machine); what is tested is each mechanism.
+"""
+
+import keras
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from keras_layers.export import export_model, validating
+from keras_layers.export.converting import DATA_ALIGNMENT, EXTERNAL_MIN_BYTES
+from keras_layers.export.loading import load
+from keras_layers.export.slimming import _reshaped_dims, fold_weight_views
+from tests import models
+
+pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
+
+SHAPES = [(1, 4), (2, 7), "padded"]
+
+
+def _bert_like():
+    import keras_hub
+
+    keras.utils.set_random_seed(3)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=64,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=16,
+    )
+    rng = np.random.default_rng(0)
+    for weight in backbone.weights:
+        weight.assign(rng.normal(0, 0.2, size=weight.shape).astype(weight.dtype))
+    return backbone
+
+
+def test_weights_stream_to_an_aligned_data_file(tmp_path):
+    path = tmp_path / "bert.keras"
+    _bert_like().save(path)
+    out = tmp_path / "bert.onnx"
+
+    report = export_model(path, out, shapes=SHAPES, external_data="always")
+
+    assert report["passed"] and report["external_data"]
+    proto = onnx.load(str(out), load_external_data=False)
+    external = [t for t in proto.graph.initializer if t.data_location == TensorProto.EXTERNAL]
+    inline = [t for t in proto.graph.initializer if t.data_location != TensorProto.EXTERNAL]
+    assert external, "no weight went to the data file"
+    for tensor in external:
+        entries = {entry.key: entry.value for entry in tensor.external_data}
+        assert int(entries["offset"]) % DATA_ALIGNMENT == 0, tensor.name
+        assert int(entries["length"]) >= EXTERNAL_MIN_BYTES
+    assert all(len(t.raw_data) < EXTERNAL_MIN_BYTES for t in inline if t.raw_data)
+    # No weight is reshaped or copied at run time: the reshapes were folded.
+    names = {t.name for t in proto.graph.initializer}
+    views = ("Reshape", "Identity")
+    assert not [n.name for n in proto.graph.node if n.op_type in views and n.input[0] in names]
+
+
+def test_the_external_path_gives_the_in_memory_paths_outputs(tmp_path):
+    path = tmp_path / "bert.keras"
+    _bert_like().save(path)
+    inside, outside = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    export_model(path, inside, shapes=SHAPES, external_data="never")
+    export_model(path, outside, shapes=SHAPES, external_data="always")
+    loaded = load(path)
+    feeds = validating.make_inputs(loaded, (2, 9), np.random.default_rng(7))
+
+    got = [ort.InferenceSession(str(p)).run(None, feeds) for p in (inside, outside)]
+
+    for a, b in zip(*got, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_the_model_is_released_before_onnx_runtime_validates(tmp_path, monkeypatch):
+    """The pipeline drops its reference before ONNX Runtime starts (whether
+    the memory then returns is measured by benchmarks/big_model.py)."""
+    path = tmp_path / "tied.keras"
+    models.tied_encoder().save(path)
+    seen = []
+    original_validate = validating.validate
+
+    def validate(loaded, *args, **kwargs):
+        seen.append((loaded.model, kwargs.get("references")))
+        return original_validate(loaded, *args, **kwargs)
+
+    monkeypatch.setattr(validating, "validate", validate)
+
+    report = export_model(
+        path, tmp_path / "t.onnx", shapes=SHAPES, external_data="always", quantize="int8"
+    )
+
+    assert report["passed"] and report["int8"]["passed"]
+    assert [model for model, _ in seen] == [None, None]  # float, then int8
+    assert all(len(references) == len(SHAPES) for _, references in seen)
+
+
+def test_a_model_in_memory_is_never_released(tmp_path):
+    model = models.tied_encoder()
+    export_model(model, tmp_path / "t.onnx", shapes=SHAPES, external_data="always")
+    assert all(v.value is not None for v in model.variables)
+    assert model(np.ones((1, 3), "int32")).shape[-1] > 0
+
+
+def test_references_are_the_inputs_and_outputs_validate_makes(tmp_path):
+    path = tmp_path / "tied.keras"
+    models.tied_encoder().save(path)
+    out = tmp_path / "t.onnx"
+    export_model(path, out, shapes=SHAPES)
+    loaded = load(path)
+
+    with_references = validating.validate(
+        loaded, out, SHAPES, references=validating.keras_references(loaded, SHAPES)
+    )
+    without = validating.validate(loaded, out, SHAPES)
+
+    assert with_references.checks == without.checks
+
+
+def _reshape_graph(readers: int):
+    weight = numpy_helper.from_array(np.arange(24, dtype=np.float32).reshape(2, 3, 4), "w")
+    shape = numpy_helper.from_array(np.array([-1, 4], np.int64), "shape")
+    nodes = [
+        helper.make_node("Reshape", ["w", "shape"], ["w2"]),
+        helper.make_node("MatMul", ["x", "w2"], ["y"]),
+    ]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])]
+    if readers == 2:
+        nodes.append(helper.make_node("Identity", ["w"], ["z"]))
+        outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3, 4]))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 6])],
+        outputs,
+        [weight, shape],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _run(proto, x):
+    return ort.InferenceSession(proto.SerializeToString()).run(None, {"x": x})
+
+
+def test_a_weight_reshape_read_once_becomes_the_weights_shape():
+    proto = _reshape_graph(readers=1)
+    x = np.random.default_rng(0).normal(size=(3, 6)).astype(np.float32)
+    expected = _run(proto, x)
+
+    assert fold_weight_views(proto) == 1
+
+    assert [n.op_type for n in proto.graph.node] == ["MatMul"]
+    weight = next(t for t in proto.graph.initializer if t.name == "w")
+    assert list(weight.dims) == [6, 4]
+    np.testing.assert_array_equal(_run(proto, x)[0], expected[0])
+
+
+def test_a_weight_read_twice_keeps_its_reshape():
+    proto = _reshape_graph(readers=2)
+    assert fold_weight_views(proto) == 0
+    assert [n.op_type for n in proto.graph.node] == ["Reshape", "MatMul", "Identity"]
+
+
+@pytest.mark.parametrize(
+    "dims, shape, expected",
+    [
+        ([2, 3, 4], [-1, 4], [6, 4]),
+        ([2, 3, 4], [0, 12], [2, 12]),
+        ([2, 3, 4], [24], [24]),
+        ([2, 3, 4], [5, -1], None),
+        ([2, 3, 4], [-1, -1], None),
+        ([2, 3, 4], [7, 3], None),
+    ],
+)
+def test_reshaped_dims_follow_onnx_reshape(dims, shape, expected):
+    assert _reshaped_dims(dims, shape) == expected
+    if expected is not None:
+        assert np.empty(dims).reshape([d if d else dims[i] for i, d in enumerate(shape)]).shape == (
+            tuple(expected)
+        )

@@ -1,0 +1,148 @@
+"""`lean_loading.load` gives the model `keras.saving.load_model` gives, with
+one copy of the weights: same variables (paths, dtypes, values), same outputs,
+and Keras' own fallback for archives it does not read."""
+
+import re
+import zipfile
+
+import keras
+import numpy as np
+import pytest
+
+from keras_layers.export import lean_loading
+from tests import models
+
+pytestmark = pytest.mark.tensorflow_only  # the loader builds TensorFlow variables
+
+
+def _redrawn(model, seed=0):
+    rng = np.random.default_rng(seed)
+    for weight in model.weights:
+        if weight.dtype.startswith("float"):
+            weight.assign(rng.normal(0, 0.2, size=weight.shape).astype(weight.dtype))
+    return model
+
+
+def _bert():
+    import keras_hub
+
+    return keras_hub.models.BertBackbone(
+        vocabulary_size=50,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=16,
+    )
+
+
+def _llama_causal_lm():
+    import keras_hub
+
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=50,
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+    )
+    return keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+
+
+def _lstm_with_batch_norm():
+    ids = keras.Input((None,), dtype="int32", name="ids")
+    hidden = keras.layers.Embedding(30, 8, mask_zero=True)(ids)
+    hidden = keras.layers.LSTM(6, return_sequences=True)(hidden)
+    hidden = keras.layers.BatchNormalization()(hidden)
+    hidden = keras.layers.Dropout(0.3)(hidden)
+    return keras.Model(ids, keras.layers.Dense(4)(hidden))
+
+
+def _paths(model):
+    """Variable paths; seed generators are numbered by a process-wide counter,
+    so two loads in one process name theirs apart."""
+    return [re.sub(r"seed_generator_\d+", "seed_generator", v.path) for v in model.variables]
+
+
+BUILDERS = {
+    "tied_encoder": models.tied_encoder,
+    "bert": _bert,
+    "llama_causal_lm": _llama_causal_lm,
+    "lstm_batch_norm": _lstm_with_batch_norm,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_the_lean_load_gives_keras_own_model(name, tmp_path):
+    keras.utils.set_random_seed(1)
+    model = _redrawn(BUILDERS[name]())
+    if name == "lstm_batch_norm":  # non-trainable moving statistics, not zero
+        for weight in model.non_trainable_weights:
+            weight.assign(np.full(weight.shape, 0.7, weight.dtype))
+    path = tmp_path / f"{name}.keras"
+    model.save(path)
+
+    lean = lean_loading.load(path)
+    reference = keras.saving.load_model(path, compile=False)
+
+    assert lean is not None
+    assert _paths(lean) == _paths(reference)
+    for got, expected in zip(lean.variables, reference.variables, strict=True):
+        assert got.dtype == expected.dtype, got.path
+        if "seed_generator" in got.path:
+            continue  # not saved: every load draws its dropout seed anew
+        np.testing.assert_array_equal(got.numpy(), expected.numpy(), err_msg=got.path)
+    feeds = {
+        tensor.name: np.random.default_rng(0).integers(0, 2, size=(2, 7)).astype("int32")
+        if tensor.dtype.startswith("int")
+        else np.ones((2, 7), tensor.dtype)
+        for tensor in reference.inputs
+    }
+    feed = feeds if len(feeds) > 1 else next(iter(feeds.values()))
+    for got, expected in zip(
+        keras.tree.flatten(lean(feed, training=False)),
+        keras.tree.flatten(reference(feed, training=False)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+
+
+def test_no_variable_is_left_deferred(tmp_path):
+    """A later StatelessScope (the trace uses one) must find nothing to initialize."""
+    from keras.src.backend.common import global_state
+
+    path = tmp_path / "tied.keras"
+    models.tied_encoder().save(path)
+    model = lean_loading.load(path)
+
+    assert global_state.get_global_attribute("uninitialized_variables", []) == []
+    with keras.StatelessScope():
+        pass
+    assert all(variable.value is not None for variable in model.variables)
+
+
+def test_a_compressed_archive_falls_back_to_keras(tmp_path):
+    path = tmp_path / "tied.keras"
+    models.tied_encoder().save(path)
+    packed = tmp_path / "packed.keras"
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(packed, "w") as target:
+        for item in source.infolist():
+            target.writestr(item.filename, source.read(item), zipfile.ZIP_DEFLATED)
+
+    assert lean_loading.load(packed) is None
+
+
+def test_the_window_reads_only_its_byte_range(tmp_path):
+    path = tmp_path / "bytes"
+    path.write_bytes(bytes(range(100)))
+    with open(path, "rb") as file:
+        window = lean_loading._Window(file.fileno(), 10, 20)
+        assert window.read(5) == bytes(range(10, 15))
+        window.seek(-3, 2)
+        assert window.read() == bytes(range(27, 30))
+        assert window.read(4) == b""
+        window.seek(18)
+        buffer = bytearray(8)
+        assert window.readinto(buffer) == 2
+        assert bytes(buffer[:2]) == bytes([28, 29])
