@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.results_io import RESULTS, finish_figure  # noqa: E402
+from benchmarks import results_io  # noqa: E402
 
 # (target GB, width, layers): 32000 x d embedding + layers x 12 d^2.
 OUR_MODELS = {
@@ -117,9 +117,10 @@ def measure(name: str, work: Path) -> dict:
         "seconds_per_gb": round(seconds / (param_bytes / 1e9), 1),
         "peak_rss_gb": round(peak / 1e9, 2),
         "peak_over_params": round(peak / param_bytes, 2),
+        "external_data": report.get("external_data"),
         "stage_seconds": report.get("stage_seconds"),
         "worst_abs_diff": (report.get("worst") or {}).get("max_abs_diff"),
-        "file_over_params": report.get("file_size_ratio") or report.get("size_ratio"),
+        "file_over_params": report.get("size_ratio"),
     }
     if code not in (0, 1):
         row["stderr_tail"] = stderr
@@ -153,7 +154,7 @@ def plot(report: dict, path: Path) -> None:
     left.legend()
     right.plot(sizes, [row["seconds_per_gb"] for row in rows], "o-")
     right.set(xlabel="parameter GB", ylabel="export seconds per GB", ylim=(0, None))
-    finish_figure(fig, report, path)
+    results_io.finish_figure(fig, report, path)
 
 
 def main(argv=None):
@@ -167,24 +168,12 @@ def main(argv=None):
         return None
     names = [str(float(size)) for size in args.sizes.split(",")]
     names += [] if args.no_keras_hub else ["llama-1b"]
-    import platform
-
-    report = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-        "command": "python benchmarks/big_model.py",
-        "shapes": SHAPES,
-        "rows": [],
-    }
+    report = results_io.run_header("big_model.py", quick=False) | {"shapes": SHAPES, "rows": []}
     with tempfile.TemporaryDirectory(prefix="big_model_") as work:
         for name in names:
             report["rows"].append(measure(name, Path(work)))
             print_table({"rows": report["rows"][-1:]})
-    print_table(report)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "big_model.json").write_text(json.dumps(report, indent=2))
-    plot(report, RESULTS / "big_model.png")
-    return report
+    return results_io.save(report, "big_model", False, print_table, plot)
 
 
 if __name__ == "__main__":

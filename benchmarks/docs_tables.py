@@ -297,7 +297,7 @@ def big_model_sweep_table(report: dict) -> str:
             row["model"],
             f"{row['parameters'] / 1e6:,.0f}M",
             f"{row['param_gb']:.2f}",
-            "external" if row["param_gb"] > 1.8 else "in the graph",
+            "data file" if row["external_data"] else "in the graph",
             f"{row['peak_rss_gb']:.2f}",
             f"{row['peak_over_params']:.2f}",
             f"{row['seconds']:.0f}",

@@ -10,14 +10,18 @@ RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG_KEYS = ["vocabulary", "width", "layers", "intermediate", "heads"]
 
 
-def header(script: str, quick: bool, config: tuple) -> dict:
-    """Date, machine, the command that reproduces the run, and the encoder."""
+def run_header(script: str, quick: bool) -> dict:
+    """Date, machine and the command that reproduces the run."""
     return {
         "date": time.strftime("%Y-%m-%d"),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
         "command": f"python benchmarks/{script}" + (" --quick" if quick else ""),
-        "config": dict(zip(CONFIG_KEYS, config, strict=True)),
     }
+
+
+def header(script: str, quick: bool, config: tuple) -> dict:
+    """`run_header`, and the encoder the run measured."""
+    return run_header(script, quick) | {"config": dict(zip(CONFIG_KEYS, config, strict=True))}
 
 
 def save(report: dict, name: str, quick: bool, print_table, plot) -> dict:

@@ -18,6 +18,7 @@ from keras_layers.export.converting import DATA_ALIGNMENT, EXTERNAL_MIN_BYTES
 from keras_layers.export.loading import load
 from keras_layers.export.slimming import _reshaped_dims, fold_weight_views
 from tests import models
+from tests.zoo_models import redraw
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 
@@ -36,10 +37,7 @@ def _bert_like():
         intermediate_dim=64,
         max_sequence_length=16,
     )
-    rng = np.random.default_rng(0)
-    for weight in backbone.weights:
-        weight.assign(rng.normal(0, 0.2, size=weight.shape).astype(weight.dtype))
-    return backbone
+    return redraw(backbone)
 
 
 def test_weights_stream_to_an_aligned_data_file(tmp_path):
@@ -186,3 +184,28 @@ def test_reshaped_dims_follow_onnx_reshape(dims, shape, expected):
         assert np.empty(dims).reshape([d if d else dims[i] for i, d in enumerate(shape)]).shape == (
             tuple(expected)
         )
+
+
+@pytest.mark.parametrize(
+    "choice, weight_bytes, external",
+    [
+        ("auto", 1_000_000_000, False),
+        ("auto", 3_000_000_000, True),
+        ("always", 1_000, True),
+        ("never", 3_000_000_000, False),
+    ],
+)
+def test_the_memory_estimate_follows_the_path_the_weights_take(
+    choice, weight_bytes, external, monkeypatch
+):
+    from keras_layers.export import memory
+    from keras_layers.export.errors import UsageError
+
+    assert memory.uses_external_data(choice, weight_bytes) is external
+    ratio = memory.PEAK_PER_PARAM_BYTE_EXTERNAL if external else memory.PEAK_PER_PARAM_BYTE
+    need = memory.BASELINE_BYTES + ratio * weight_bytes
+    monkeypatch.setattr(memory, "available_bytes", lambda: int(need) + 1)
+    memory.check_fits(weight_bytes, external)  # fits, just
+    monkeypatch.setattr(memory, "available_bytes", lambda: int(need) - 1)
+    with pytest.raises(UsageError, match=f"{ratio}x"):
+        memory.check_fits(weight_bytes, external)

@@ -11,16 +11,9 @@ import pytest
 
 from keras_layers.export import lean_loading
 from tests import models
+from tests.zoo_models import redraw
 
 pytestmark = pytest.mark.tensorflow_only  # the loader builds TensorFlow variables
-
-
-def _redrawn(model, seed=0):
-    rng = np.random.default_rng(seed)
-    for weight in model.weights:
-        if weight.dtype.startswith("float"):
-            weight.assign(rng.normal(0, 0.2, size=weight.shape).astype(weight.dtype))
-    return model
 
 
 def _bert():
@@ -76,7 +69,7 @@ BUILDERS = {
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_the_lean_load_gives_keras_own_model(name, tmp_path):
     keras.utils.set_random_seed(1)
-    model = _redrawn(BUILDERS[name]())
+    model = redraw(BUILDERS[name]())
     if name == "lstm_batch_norm":  # non-trainable moving statistics, not zero
         for weight in model.non_trainable_weights:
             weight.assign(np.full(weight.shape, 0.7, weight.dtype))

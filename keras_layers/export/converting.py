@@ -200,8 +200,9 @@ def _weights_to_initializers(proto, traced: TracedModel, data_path: Path | None 
     specs = dict(zip(traced.weight_input_names(), traced.weights, strict=True))
     kept = [value for value in graph.input if value.name not in specs]
     names = {}
-    with contextlib.ExitStack() as stack:
-        data = stack.enter_context(open(data_path, "wb")) if data_path else None
+    # The data file is created even when no weight reaches it: the graph's
+    # staging always has one on this path.
+    with open(data_path, "wb") if data_path else contextlib.nullcontext() as data:
         for value in graph.input:
             variable = specs.get(value.name)
             if variable is None:

@@ -4,11 +4,11 @@ An export's peak RSS grows with the weights, at a rate that depends on the
 path the weights take (`benchmarks/big_model.py`, results in
 `benchmarks/results/big_model.json`):
 
-- Over `converting.LARGE_MODEL_BYTES` the weights go to a data file as they
-  are converted, the Keras model is released before ONNX Runtime maps that
-  file, and the whole export peaks at 2.5x the parameter bytes (2.48 GB of
-  weights, baseline included), less for bigger models.
-- Below it the weights are held in the proto that onnxslim and the fusions
+- On the data-file path (`uses_external_data`) the weights go to a data file
+  as they are converted, the Keras model is released before ONNX Runtime maps
+  that file, and the whole export, baseline included, peaked at 1.9-2.5x the
+  parameter bytes from 2.5 to 4.4 GB over the runs so far.
+- Otherwise the weights are held in the proto that onnxslim and the fusions
   rewrite: 10.7x the parameter bytes over the baseline at 0.48 GB.
 
 The estimate takes those ratios on top of what TensorFlow and the libraries take
@@ -29,11 +29,12 @@ PEAK_PER_PARAM_BYTE_EXTERNAL = 2.5  # weights streamed to a data file
 BASELINE_BYTES = 1_200_000_000  # TensorFlow, Keras, onnxruntime loaded, no model
 
 
-def peak_per_param_byte(weight_bytes: int) -> float:
-    """The measured peak per parameter byte of the path these weights take."""
-    if weight_bytes > LARGE_MODEL_BYTES:
-        return PEAK_PER_PARAM_BYTE_EXTERNAL
-    return PEAK_PER_PARAM_BYTE
+def uses_external_data(external_data: str, weight_bytes: int) -> bool:
+    """Whether the export takes the data-file path: `external_data` is
+    `"always"`, or `"auto"` with weights past `LARGE_MODEL_BYTES`."""
+    return external_data == "always" or (
+        external_data == "auto" and weight_bytes > LARGE_MODEL_BYTES
+    )
 
 
 def available_bytes() -> int | None:
@@ -54,10 +55,11 @@ def archive_weight_bytes(path: Path) -> int:
         return sum(item.file_size for item in archive.infolist() if item.filename.endswith(".h5"))
 
 
-def check_fits(weight_bytes: int) -> None:
-    """Refuse (exit 2) an export whose estimated peak exceeds the memory available."""
+def check_fits(weight_bytes: int, external: bool) -> None:
+    """Refuse (exit 2) an export whose estimated peak exceeds the memory
+    available; `external`: whether it takes the data-file path."""
     available = available_bytes()
-    ratio = peak_per_param_byte(weight_bytes)
+    ratio = PEAK_PER_PARAM_BYTE_EXTERNAL if external else PEAK_PER_PARAM_BYTE
     need = BASELINE_BYTES + ratio * weight_bytes
     if available is not None and need > available:
         raise UsageError(

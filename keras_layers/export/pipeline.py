@@ -125,12 +125,7 @@ def _save(proto, path: Path, external: bool) -> Path | None:
     import onnx
 
     onnx.save_model(proto, path)
-    if not external:
-        return None
-    data = path.with_name(_STAGED_DATA)
-    if not data.exists():  # every weight was under the threshold: an empty data file
-        data.touch()
-    return data
+    return path.with_name(_STAGED_DATA) if external else None
 
 
 def _point_at_data(graph_path: Path, data_name: str) -> None:
@@ -311,7 +306,8 @@ def export_model(
     if shapes is not None:
         validating.check_shapes(shapes)
     if memory_check:
-        memory.check_fits(memory.estimated_param_bytes(model))
+        weight_bytes = memory.estimated_param_bytes(model)
+        memory.check_fits(weight_bytes, memory.uses_external_data(external_data, weight_bytes))
     with _Interrupts().watching() as interrupts, placement.staging_folder(output) as folder:
         run = _Run(progress, interrupts)
         loaded, weights_read, slimmed, external = _convert(
@@ -326,7 +322,7 @@ def export_model(
             if external:
                 # Keras' outputs first, then its weights go before ONNX Runtime
                 # maps its own: the two copies are never held at once.
-                references = validating.keras_references(loaded, shapes)
+                references = list(validating.keras_references(loaded, shapes))
                 loaded.release_model()
             validation = validating.validate(
                 loaded,
@@ -413,9 +409,7 @@ def _convert(
     are converted, never held in the proto."""
     with run.stage("load"):
         loaded = loading.load(model, imports=imports, unsafe=unsafe, input_roles=input_roles)
-    external = external_data == "always" or (
-        external_data == "auto" and loaded.param_bytes > converting.LARGE_MODEL_BYTES
-    )
+    external = memory.uses_external_data(external_data, loaded.param_bytes)
     with run.stage("trace"):
         traced = tracing.trace(loaded)
     with run.stage("convert"):

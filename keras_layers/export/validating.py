@@ -13,7 +13,7 @@ more. The measurements behind them are in docs/export.md ("Tolerances").
 """
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -336,15 +336,14 @@ class Reference:
     outputs: dict
 
 
-def keras_references(loaded: LoadedModel, shapes=None) -> list[Reference]:
-    """Keras' outputs over the grid, computed ahead of ONNX Runtime (so the
-    model can be released first); the same inputs `validate` would make."""
+def keras_references(loaded: LoadedModel, shapes=None) -> Iterator[Reference]:
+    """Keras' outputs over the grid (default `default_shapes(loaded)`), one
+    point at a time; `list()` them to run Keras ahead of ONNX Runtime, so
+    the model can be released first."""
     rng = np.random.default_rng(SEED)
-    references = []
     for shape in shapes or default_shapes(loaded):
         feeds = make_inputs(loaded, shape, rng)
-        references.append(Reference(shape, feeds, keras_outputs(loaded, feeds, shape_label(shape))))
-    return references
+        yield Reference(shape, feeds, keras_outputs(loaded, feeds, shape_label(shape)))
 
 
 def validate(
@@ -381,7 +380,7 @@ def validate(
             `converting.LARGE_MODEL_BYTES`, where memory is the limit. The
             products are the same; only memory layout and reuse differ.
         references: Keras' outputs computed beforehand (`keras_references`
-            with the same grid); the model is not run again.
+            over the same grid); the model is not run again.
 
     Returns:
         One `Check` per output and grid point; `passed` when all pass.
@@ -400,14 +399,11 @@ def validate(
         result.error = f"ONNX Runtime cannot load the file: {one_line(str(error), 300)}"
         return result
     onnx_outputs = [o.name for o in session.get_outputs()]
-    rng = np.random.default_rng(SEED)
     grid = shapes or default_shapes(loaded)
-    for done, shape in enumerate(grid, start=1):
-        if references is not None:
-            feeds, expected = references[done - 1].feeds, references[done - 1].outputs
-        else:
-            feeds = make_inputs(loaded, shape, rng)
-            expected = keras_outputs(loaded, feeds, shape_label(shape))
+    if references is None:
+        references = keras_references(loaded, grid)  # one point held at a time
+    for done, reference in enumerate(references, start=1):
+        shape, feeds, expected = reference.shape, reference.feeds, reference.outputs
         try:
             got = dict(zip(onnx_outputs, session.run(None, feeds), strict=True))
         except Exception as error:  # noqa: BLE001 - the file's failure, reported as one
