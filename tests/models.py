@@ -1,5 +1,7 @@
 """Small models the export tests build and save."""
 
+import re
+
 import keras
 import numpy as np
 
@@ -63,3 +65,21 @@ def save(model, path):
 
 def sample_ids(batch=2, length=5):
     return np.random.default_rng(0).integers(1, VOCAB, size=(batch, length)).astype("int32")
+
+
+def _comparable_path(variable) -> str:
+    """A variable's path without Keras' process-wide numbering (`dense_3`,
+    `seed_generator_14`): two loads in one process number their layers apart."""
+    return re.sub(r"_\d+(?=/|$)", "", variable.path)
+
+
+def assert_same_variables(got, expected):
+    """Same variables in the same order, dtypes and values; a dropout seed
+    is not saved (every load draws its own), so its value is not compared."""
+    assert [_comparable_path(v) for v in got.variables] == [
+        _comparable_path(v) for v in expected.variables
+    ]
+    for mine, theirs in zip(got.variables, expected.variables, strict=True):
+        assert mine.dtype == theirs.dtype, mine.path
+        if "seed_generator" not in mine.path:
+            np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), err_msg=mine.path)

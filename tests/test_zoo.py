@@ -16,10 +16,12 @@ docs/models.md, which the last test here checks against its JSON.
 
 import json
 
+import keras
 import pytest
 import zoo_models
 
-from keras_layers.export import ExportError, export_model
+from keras_layers.export import ExportError, export_model, lean_loading
+from tests import models
 
 pytestmark = [
     pytest.mark.tensorflow_only,  # the export pipeline runs on TensorFlow
@@ -66,6 +68,26 @@ def test_the_zoo_is_enumerated_from_keras_hub():
     assert set(FAST) <= set(MODELS)
     assert set(UNSUPPORTED) <= set(MODELS), set(UNSUPPORTED) - set(MODELS)
     assert len(names) > len(MODELS) > 40
+
+
+# Models the export's lean loader hands to `keras.saving.load_model`
+# (keras_layers/export/lean_loading.py): T5 computes with its weights while it
+# is built; SigLIP's text encoder assigns to a variable's value directly.
+LEAN_LOAD_FALLBACKS = ("SigLIPTextEncoder", "T5Backbone", "T5Seq2SeqLM")
+
+
+@pytest.mark.parametrize("name", _params(MODELS))
+def test_the_lean_load_gives_keras_own_model_or_leaves_it_to_keras(name, tmp_path):
+    path = tmp_path / f"{name}.keras"
+    _build(name).save(path)
+
+    lean = lean_loading.load(path)
+
+    if name in LEAN_LOAD_FALLBACKS:
+        assert lean is None
+        return
+    assert lean is not None
+    models.assert_same_variables(lean, keras.saving.load_model(path, compile=False))
 
 
 @pytest.mark.parametrize("name", _params([n for n in MODELS if n not in UNSUPPORTED]))

@@ -164,11 +164,40 @@ def _initialize_the_rest(deferred: list) -> None:
             variable._initializer = None
 
 
-def load(path: Path, safe_mode: bool = True):
-    """The model in the `.keras` archive at `path`, or None when this archive
-    or this Keras needs `keras.saving.load_model`.
+def _build_and_fill(saving_lib, variable_class, config: str, safe_mode: bool, window: _Window):
+    """The model of `config` with every variable created from the weights
+    `window` reads (or, for any the archive lacks, from its initializer)."""
+    with _deferred_variables(variable_class) as deferred:
+        model = saving_lib._model_from_config(config, None, False, safe_mode)
+    store = saving_lib.H5IOStore(window, mode="r")
+    failed, errors = set(), {}
+    try:
+        with _assign_creates(variable_class):
+            saving_lib._load_state(
+                model,
+                weights_store=store,
+                assets_store=None,
+                inner_path="",
+                visited_saveables=set(),
+                failed_saveables=failed,
+                error_msgs=errors,
+            )
+    finally:
+        store.close()
+    if failed:
+        saving_lib._raise_loading_failure(errors)
+    _initialize_the_rest(deferred)
+    return model
 
-    Raises whatever Keras raises for a config or weights it cannot use.
+
+def load(path: Path, safe_mode: bool = True):
+    """The model in the `.keras` archive at `path`, or None when
+    `keras.saving.load_model` must load it: an archive laid out otherwise, a
+    Keras without the steps used here, or a model that cannot be built or
+    filled this way (one whose construction computes with its weights, as
+    keras-hub's T5 does, or whose layers assign to a variable's value
+    directly, as its SigLIP text encoder does: 3 of the 89 keras-hub text
+    models). Keras' loader then loads it, or says what is wrong with it.
     """
     import keras
 
@@ -185,24 +214,8 @@ def load(path: Path, safe_mode: bool = True):
         if info.compress_type != zipfile.ZIP_STORED or start is None:
             return None
         config = archive.read(CONFIG_ENTRY).decode()
-        with _deferred_variables(variable_class) as deferred:
-            model = saving_lib._model_from_config(config, None, False, safe_mode)
-        store = saving_lib.H5IOStore(_Window(file.fileno(), start, info.file_size), mode="r")
-        failed, errors = set(), {}
+        window = _Window(file.fileno(), start, info.file_size)
         try:
-            with _assign_creates(variable_class):
-                saving_lib._load_state(
-                    model,
-                    weights_store=store,
-                    assets_store=None,
-                    inner_path="",
-                    visited_saveables=set(),
-                    failed_saveables=failed,
-                    error_msgs=errors,
-                )
-        finally:
-            store.close()
-            _initialize_the_rest(deferred)
-    if failed:
-        saving_lib._raise_loading_failure(errors)
-    return model
+            return _build_and_fill(saving_lib, variable_class, config, safe_mode, window)
+        except Exception:  # noqa: BLE001 - Keras' own loader runs instead, and reports
+            return None
