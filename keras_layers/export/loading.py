@@ -79,6 +79,8 @@ class TensorInfo:
     masks_zero: bool = False
     # The name of axis 1 when it is a sequence (`decoder_sequence` for a decoder's).
     sequence: str = "sequence"
+    # Every axis' name, when axis 1 is not the only named one (a cache's).
+    axes: tuple | None = None
 
     @property
     def is_padding_mask(self) -> bool:
@@ -87,6 +89,8 @@ class TensorInfo:
     def axis_names(self) -> list:
         """Shape with dynamic axes named: `batch` first, then the sequence (or,
         for positions, their own count)."""
+        if self.axes is not None:
+            return list(self.axes)
         names = []
         for axis, size in enumerate(self.shape):
             if size is not None:

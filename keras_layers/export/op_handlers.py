@@ -7,6 +7,7 @@ node in place, as tf2onnx's built-in handlers do; the signature is tf2onnx's
 """
 
 import numpy as np
+from onnx import TensorProto
 from tf2onnx import utils
 
 
@@ -38,4 +39,39 @@ def select_v2(ctx, node, name, args) -> None:
     node.type = "Where"
 
 
-HANDLERS = {"Erfc": (erfc, []), "SelectV2": (select_v2, [])}
+def xla_dynamic_update_slice(ctx, node, name, args) -> None:
+    """`XlaDynamicUpdateSlice(operand, update, starts)` -> `Where(mask, padded, operand)`.
+
+    Keras' `ops.slice_update` on TensorFlow is this XLA op (keras-hub's cached
+    attention writes each step's keys and values with it), and tf2onnx has no
+    handler for it. The update is padded out to the operand's shape, starting
+    at `starts`, and selected where a mask padded the same way is true. As in
+    XLA, each start is clamped to `[0, operand_dim - update_dim]`, so the
+    update always lies wholly inside the operand. The work is one pass over
+    the operand, as the copy TensorFlow makes.
+    """
+    del name, args
+    operand, update, starts = node.input
+    scope = {"op_name_scope": node.name}
+    operand_shape = ctx.make_node("Shape", [operand], **scope).output[0]
+    update_shape = ctx.make_node("Shape", [update], **scope).output[0]
+    room = ctx.make_node("Sub", [operand_shape, update_shape], **scope).output[0]
+    starts = ctx.make_node("Cast", [starts], attr={"to": TensorProto.INT64}, **scope).output[0]
+    zero = ctx.make_const(utils.make_name(f"{node.name}_zero"), np.array(0, np.int64)).output[0]
+    starts = ctx.make_node("Min", [starts, room], **scope).output[0]
+    starts = ctx.make_node("Max", [starts, zero], **scope).output[0]
+    after = ctx.make_node("Sub", [room, starts], **scope).output[0]
+    pads = ctx.make_node("Concat", [starts, after], attr={"axis": 0}, **scope).output[0]
+    true = ctx.make_const(utils.make_name(f"{node.name}_true"), np.array([True])).output[0]
+    inside = ctx.make_node("Expand", [true, update_shape], **scope).output[0]
+    mask = ctx.make_node("Pad", [inside, pads], **scope).output[0]
+    padded = ctx.make_node("Pad", [update, pads], **scope).output[0]
+    node.type = "Where"
+    ctx.replace_inputs(node, [mask, padded, operand])
+
+
+HANDLERS = {
+    "Erfc": (erfc, []),
+    "SelectV2": (select_v2, []),
+    "XlaDynamicUpdateSlice": (xla_dynamic_update_slice, []),
+}

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from keras_layers.export import (
+    causal_lm,
     converting,
     loading,
     memory,
@@ -98,8 +99,22 @@ def _check_tolerance(name: str, value) -> float:
     return float(value)
 
 
-def _check_options(atol, rtol, opset, external_data, quantize) -> None:
+def _check_options(atol, rtol, opset, external_data, quantize, task, shapes) -> None:
     """Every argument that needs no model, checked before any work."""
+    if task not in causal_lm.TASKS:
+        raise UsageError(f"{argument('task', task)}: choose one of {causal_lm.TASKS}")
+    if task == "causal-lm" and shapes is not None:
+        raise UsageError(
+            f"{argument('shapes', shapes)}: a grid of shapes checks the forward pass; "
+            "--task causal-lm checks a prompt, decode steps and greedy generation instead "
+            "(keras_layers.export.causal_lm): leave the shapes out"
+        )
+    if task == "causal-lm" and quantize is not None:
+        raise UsageError(
+            f"{argument('quantize', quantize)}: not checked with --task causal-lm yet; export "
+            "without it and quantize the decoder with "
+            "onnxruntime.quantization.quantize_dynamic (benchmarks/generate.py does)"
+        )
     _check_tolerance("atol", atol)
     _check_tolerance("rtol", rtol)
     converting.check_opset(opset)
@@ -233,6 +248,7 @@ def export_model(
     evaluate: Callable[[Path], dict] | None = None,
     progress: Progress | None = None,
     extra_report: dict | None = None,
+    task: str = "forward",
 ) -> dict:
     """Export a Keras model to ONNX and prove in ONNX Runtime that it matches.
 
@@ -271,6 +287,12 @@ def export_model(
         progress: called with a `StageEvent` as each stage starts and ends,
             and for each validation step.
         extra_report: entries added to the report as they are.
+        task: `"forward"` exports the model's call over whole sequences;
+            `"causal-lm"` exports a decoder with its key/value cache, one call
+            per prompt or new token, for `keras_layers.export.generate`
+            (`keras_layers.export.causal_lm` says which models can), and
+            validates a prompt, decode steps and greedy generation against
+            Keras instead of the grid.
 
     Returns:
         The report (a JSON-ready dict, also written to the report path):
@@ -296,7 +318,7 @@ def export_model(
     True
     """
     progress = progress or _no_progress
-    _check_options(atol, rtol, opset, external_data, quantize)
+    _check_options(atol, rtol, opset, external_data, quantize, task, shapes)
     output = Path(output)
     targets = placement.Targets(
         onnx=output,
@@ -310,31 +332,21 @@ def export_model(
         memory.check_fits(weight_bytes, memory.uses_external_data(external_data, weight_bytes))
     with _Interrupts().watching() as interrupts, placement.staging_folder(output) as folder:
         run = _Run(progress, interrupts)
-        loaded, weights_read, slimmed, external = _convert(
-            model, run, imports, unsafe, opset, external_data, input_roles, folder
+        loaded, decoder, weights_read, slimmed, external = _convert(
+            model, run, imports, unsafe, opset, external_data, input_roles, folder, task
         )
-        if shapes is not None:
-            validating.check_shapes_fit(loaded, shapes)
-        shapes = shapes or validating.default_shapes(loaded)
+        if decoder is None:
+            if shapes is not None:
+                validating.check_shapes_fit(loaded, shapes)
+            shapes = shapes or validating.default_shapes(loaded)
         staged = _Staged.write(slimmed.proto, folder, output, external)
         with run.stage("validate"):
-            references = None
-            if external:
-                # Keras' outputs first, then its weights go before ONNX Runtime
-                # maps its own: the two copies are never held at once.
-                references = list(validating.keras_references(loaded, shapes))
-                loaded.release_model()
-            validation = validating.validate(
-                loaded,
-                staged.graph,
-                shapes,
-                atol,
-                rtol,
-                run.steps("validate"),
-                allow_nonfinite=allow_nonfinite,
-                lean_memory=external,
-                references=references,
-            )
+            if decoder is not None:
+                validation = _validate_decoder(loaded, decoder, staged, atol, rtol, run, external)
+            else:
+                validation = _validate_forward(
+                    loaded, staged, shapes, atol, rtol, run, external, allow_nonfinite
+                )
         int8 = None
         if quantize and validation.passed:
             with run.stage("quantize"):
@@ -372,6 +384,40 @@ def export_model(
     return report
 
 
+def _validate_forward(loaded, staged, shapes, atol, rtol, run, external, allow_nonfinite):
+    references = None
+    if external:
+        # Keras' outputs first, then its weights go before ONNX Runtime
+        # maps its own: the two copies are never held at once.
+        references = list(validating.keras_references(loaded, shapes))
+        loaded.release_model()
+    return validating.validate(
+        loaded,
+        staged.graph,
+        shapes,
+        atol,
+        rtol,
+        run.steps("validate"),
+        allow_nonfinite=allow_nonfinite,
+        lean_memory=external,
+        references=references,
+    )
+
+
+def _validate_decoder(loaded, decoder, staged, atol, rtol, run, external):
+    """Keras' side first (and, with external data, the model released), then
+    ONNX Runtime's: `causal_lm.references`, `causal_lm.validate`."""
+    start = time.perf_counter()
+    reference = causal_lm.references(loaded, decoder)
+    if external:
+        loaded.release_model()
+    validation = causal_lm.validate(
+        reference, staged.graph, atol, rtol, run.steps("validate"), lean_memory=external
+    )
+    validation.seconds = time.perf_counter() - start
+    return validation
+
+
 class _Run:
     """Times the stages and reports them to `progress`; checks for Ctrl-C
     between them."""
@@ -401,17 +447,33 @@ class _Run:
 
 
 def _convert(
-    model, run: _Run, imports, unsafe: bool, opset: int, external_data: str, input_roles, folder
+    model,
+    run: _Run,
+    imports,
+    unsafe: bool,
+    opset: int,
+    external_data: str,
+    input_roles,
+    folder,
+    task: str,
 ):
-    """Load, trace, convert and slim: (loaded model, Keras paths of the
-    weights the outputs read, slimmed proto, external data?). With external
-    data, the weights are written to the staged data file in `folder` as they
-    are converted, never held in the proto."""
+    """Load, trace, convert and slim: (loaded model, its `causal_lm.Decoder`
+    for `task="causal-lm"` else None, Keras paths of the weights the outputs
+    read, slimmed proto, external data?). With external data, the weights are
+    written to the staged data file in `folder` as they are converted, never
+    held in the proto. For a decoder, `loaded.inputs` and `loaded.outputs`
+    become the file's (ids and caches in, logits and caches out)."""
     with run.stage("load"):
         loaded = loading.load(model, imports=imports, unsafe=unsafe, input_roles=input_roles)
     external = memory.uses_external_data(external_data, loaded.param_bytes)
+    decoder = None
     with run.stage("trace"):
-        traced = tracing.trace(loaded)
+        if task == "causal-lm":
+            decoder = causal_lm.describe(loaded)
+            traced = causal_lm.trace(loaded, decoder)
+            loaded.inputs, loaded.outputs = decoder.inputs(), decoder.outputs()
+        else:
+            traced = tracing.trace(loaded)
     with run.stage("convert"):
         data_path = folder / _STAGED_DATA if external else None
         converted = converting.convert(traced, opset=opset, data_path=data_path)
@@ -423,7 +485,7 @@ def _convert(
             run_onnxslim=not external,
             model_name=loaded.name,
         )
-    return loaded, converted.weights_read, slimmed, external
+    return loaded, decoder, converted.weights_read, slimmed, external
 
 
 @dataclass(frozen=True)

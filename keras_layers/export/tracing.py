@@ -132,17 +132,10 @@ def trace(loaded: LoadedModel) -> TracedModel:
         The traced function, its input signature (the model's inputs, then one
         spec per unique weight) and the weights in that order.
     """
-    import keras
     import tensorflow as tf
 
     model = loaded.model
-    weights = unique_variables(model)
-    signature = [
-        tf.TensorSpec(shape=info.shape, dtype=info.dtype, name=info.name) for info in loaded.inputs
-    ] + [
-        tf.TensorSpec(shape=variable.shape, dtype=variable.dtype, name=f"{WEIGHT_PREFIX}{index}")
-        for index, variable in enumerate(weights)
-    ]
+    specs = [tf.TensorSpec(shape=i.shape, dtype=i.dtype, name=i.name) for i in loaded.inputs]
     input_names = [info.name for info in loaded.inputs]
     output_names = [info.name for info in loaded.outputs]
 
@@ -153,10 +146,38 @@ def trace(loaded: LoadedModel) -> TracedModel:
             return list(tensors)
         return tensors[0]
 
+    def call(*inputs):
+        return flatten(model(pack(inputs), training=False), output_names)
+
+    return trace_call(loaded, call, specs, output_names)
+
+
+def trace_call(loaded: LoadedModel, call, specs: list, output_names: list) -> TracedModel:
+    """Trace `call(*inputs) -> list of outputs` over the model's weights.
+
+    The shared half of every trace (`trace`, and `causal_lm.trace` for the
+    decoder with a cache): each unique weight of `loaded.model` becomes an
+    input after `specs`, read through a `keras.StatelessScope`, and Keras'
+    attention is traced as batched matmuls.
+
+    Raises:
+        UsageError: the model fails in Keras itself.
+        ConversionError: it uses Python control flow on a tensor's value.
+    """
+    import keras
+    import tensorflow as tf
+
+    weights = unique_variables(loaded.model)
+    signature = list(specs) + [
+        tf.TensorSpec(shape=variable.shape, dtype=variable.dtype, name=f"{WEIGHT_PREFIX}{index}")
+        for index, variable in enumerate(weights)
+    ]
+    input_names = [spec.name for spec in specs]
+
     def serve(*tensors):
-        inputs, values = tensors[: len(input_names)], tensors[len(input_names) :]
+        inputs, values = tensors[: len(specs)], tensors[len(specs) :]
         with keras.StatelessScope(state_mapping=list(zip(weights, values, strict=True))):
-            outputs = flatten(model(pack(inputs), training=False), output_names)
+            outputs = call(*inputs)
         return dict(zip(output_names, outputs, strict=True))
 
     function = tf.function(serve, input_signature=signature, autograph=False)

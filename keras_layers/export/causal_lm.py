@@ -1,0 +1,319 @@
+"""`--task causal-lm`: export a decoder with its key/value cache, and prove it generates as Keras does.
+
+A model is exportable this way when it follows keras-hub's `CausalLM`
+protocol, which every keras-hub causal LM with a plain text cache follows
+(GPT-2, OPT, Llama, Mistral, Gemma, Qwen, Phi-3, Falcon, Bloom, GPT-NeoX, ...)
+and `keras_layers.demo.TiedDecoder` shows for a model of one's own:
+
+- `call_with_cache(token_ids, cache, cache_update_index)` returns
+  `(logits, hidden_states, cache)`: the logits of `token_ids`, which sit at
+  positions `cache_update_index ...` of the sequence, after writing their keys
+  and values into `cache` at those positions and attending to every earlier one;
+- `_build_cache(token_ids)` returns `(hidden_states, cache)`, the cache shaped
+  (batch, layers, 2, sequence, heads, head size), key then value.
+
+The exported graph turns that fixed-length cache into the growing one of
+optimum and onnxruntime-genai: it appends room for the new tokens to each
+`past_key_values.{i}.key/value` (batch, heads, past, head size), calls
+`call_with_cache` at index `past`, and returns the filled caches as
+`present.{i}.key/value`. The checks then run the file next to Keras:
+`references` (Keras only, so a big model can be released before ONNX Runtime
+maps the file) and `validate` (ONNX Runtime only, through
+`keras_layers.export.generation`).
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from keras_layers.export import generation, validating
+from keras_layers.export.errors import UsageError, one_line
+from keras_layers.export.loading import LoadedModel, TensorInfo, flatten
+from keras_layers.export.tracing import TracedModel, trace_call
+
+TASKS = ("forward", "causal-lm")
+# Validation: decode steps after the prompt, checked logit by logit against
+# Keras' own cached call, and greedy tokens compared with Keras recomputing the
+# whole sequence at every step.
+DECODE_STEPS = 32
+NEW_TOKENS = 32
+STEP_PROMPT = (4, 9)  # batch, prompt length of the step-by-step check
+GREEDY_PROMPTS = ((7,), (5, 9, 2, 12))  # prompt lengths of each greedy batch
+
+
+@dataclass
+class Decoder:
+    """What the causal-lm stages know of the model: its cache and sizes."""
+
+    layers: int
+    heads: int
+    head_size: int
+    dtype: str
+    vocabulary: int
+    ids_dtype: str = "int32"
+    max_length: int | None = None
+    # The model's own inputs and outputs, for recomputing whole sequences.
+    forward_inputs: list = field(default_factory=list)
+    forward_outputs: list = field(default_factory=list)
+
+    def cache_names(self, prefix: str) -> list:
+        return [f"{prefix}.{i}.{kind}" for i in range(self.layers) for kind in ("key", "value")]
+
+    def inputs(self) -> list:
+        ids = TensorInfo("input_ids", (None, None), self.ids_dtype, role="ids", axes=None)
+        ids.axes = ("batch", "sequence")
+        shape = (None, self.heads, None, self.head_size)
+        axes = ("batch", self.heads, "past_sequence", self.head_size)
+        return [ids] + [
+            TensorInfo(name, shape, self.dtype, axes=axes)
+            for name in self.cache_names("past_key_values")
+        ]
+
+    def outputs(self) -> list:
+        logits = TensorInfo("logits", (None, None, self.vocabulary), self.dtype)
+        logits.axes = ("batch", "sequence", self.vocabulary)
+        shape = (None, self.heads, None, self.head_size)
+        axes = ("batch", self.heads, "total_sequence", self.head_size)
+        return [logits] + [
+            TensorInfo(name, shape, self.dtype, axes=axes) for name in self.cache_names("present")
+        ]
+
+
+def _refuse(model, why: str) -> UsageError:
+    return UsageError(
+        f"--task causal-lm needs a decoder following keras-hub's CausalLM protocol "
+        f"(`call_with_cache` and `_build_cache(token_ids)` with a cache shaped (batch, layers, "
+        f"2, sequence, heads, head size)); {type(model).__name__} {why}. Export a keras-hub "
+        "CausalLM (preprocessor=None), or see keras_layers.demo.TiedDecoder for a model of "
+        "your own; without --task causal-lm the full-sequence forward pass is exported"
+    )
+
+
+def describe(loaded: LoadedModel) -> Decoder:
+    """Read the cache layout by building a cache for one short prompt.
+
+    Raises:
+        UsageError: the model does not follow the protocol (named in the message).
+    """
+    from keras import ops
+
+    model = loaded.model
+    for method in ("call_with_cache", "_build_cache"):
+        if not callable(getattr(model, method, None)):
+            raise _refuse(model, f"has no `{method}` method")
+    ids = ops.ones((1, 2), "int32")
+    try:
+        _, cache = model._build_cache(ids)
+        logits = model.call_with_cache(ids, cache, 0)[0]
+    except Exception as error:  # noqa: BLE001 - the model's own failure, named
+        raise _refuse(
+            model, f"fails on a 2-token prompt ({one_line(f'{type(error).__name__}: {error}', 200)})"
+        ) from error
+    shape = tuple(cache.shape)
+    if len(shape) != 6 or shape[0] != 1 or shape[2] != 2 or shape[3] != 2:
+        raise _refuse(model, f"builds a cache of shape {shape}")
+    ids_dtypes = [info.dtype for info in loaded.inputs if info.role == "ids"]
+    return Decoder(
+        layers=shape[1],
+        heads=shape[4],
+        head_size=shape[5],
+        dtype=str(np.dtype(cache.dtype.name if hasattr(cache.dtype, "name") else cache.dtype)),
+        vocabulary=int(logits.shape[-1]),
+        ids_dtype=ids_dtypes[0] if ids_dtypes else "int32",
+        max_length=loaded.max_length,
+        forward_inputs=list(loaded.inputs),
+        forward_outputs=list(loaded.outputs),
+    )
+
+
+def trace(loaded: LoadedModel, decoder: Decoder) -> TracedModel:
+    """The decoder as a `tf.function` from `input_ids` and the past caches to
+    `logits` and the present caches (the weights are inputs, as in `tracing`)."""
+    import tensorflow as tf
+
+    model = loaded.model
+    inputs, outputs = decoder.inputs(), decoder.outputs()
+    specs = [tf.TensorSpec(info.shape, info.dtype, name=info.name) for info in inputs]
+    heads_first = [0, 2, 1, 3]  # (batch, heads, sequence, size) <-> (batch, sequence, heads, size)
+
+    def call(token_ids, *past):
+        new = tf.shape(token_ids)[1]
+        start = tf.shape(past[0])[2]
+        per_layer = []
+        for layer in range(decoder.layers):
+            key_value = []
+            for cache in past[2 * layer : 2 * layer + 2]:
+                room = tf.zeros(
+                    tf.stack([tf.shape(cache)[0], decoder.heads, new, decoder.head_size]),
+                    cache.dtype,
+                )
+                key_value.append(tf.transpose(tf.concat([cache, room], axis=2), heads_first))
+            per_layer.append(tf.stack(key_value, axis=1))
+        logits, _, cache = model.call_with_cache(token_ids, tf.stack(per_layer, axis=1), start)
+        present = [
+            tf.transpose(cache[:, layer, kind], heads_first)
+            for layer in range(decoder.layers)
+            for kind in (0, 1)
+        ]
+        return [tf.cast(logits, decoder.dtype), *present]
+
+    return trace_call(loaded, call, specs, [info.name for info in outputs])
+
+
+@dataclass
+class Reference:
+    """Keras' side of the checks, computed before ONNX Runtime runs."""
+
+    step_prompt: np.ndarray  # (batch, length) ids
+    step_tokens: list  # the token fed at each decode step, (batch, 1)
+    step_logits: list  # Keras' logits for the prompt, then for each step
+    greedy: list  # (prompt ids, padding mask, Keras' greedy tokens) per batch
+
+
+def _check_lengths(decoder: Decoder) -> int:
+    """Decode steps and new tokens that fit the model's position table."""
+    longest = max(STEP_PROMPT[1], *(max(lengths) for lengths in GREEDY_PROMPTS))
+    room = (decoder.max_length or longest + DECODE_STEPS) - longest
+    if room < 1:
+        raise UsageError(
+            f"the model takes at most {decoder.max_length} tokens, too few for the generation "
+            f"checks' {longest}-token prompts"
+        )
+    return min(DECODE_STEPS, room)
+
+
+def _forward_logits(loaded: LoadedModel, decoder: Decoder, ids: np.ndarray) -> np.ndarray:
+    """Keras recomputing the whole sequence: the model's own call."""
+    feeds = {}
+    for info in decoder.forward_inputs:
+        if info.role == "ids":
+            feeds[info.name] = ids.astype(info.dtype)
+        elif info.is_padding_mask:
+            feeds[info.name] = np.ones(ids.shape, info.dtype)
+        else:
+            raise _refuse(loaded.model, f"takes an input {info.name!r} besides ids and a mask")
+    if loaded.input_structure == "dict":
+        args = feeds
+    elif loaded.input_structure == "list":
+        args = list(feeds.values())
+    else:
+        args = next(iter(feeds.values()))
+    names = [info.name for info in decoder.forward_outputs]
+    return np.asarray(flatten(loaded.model(args, training=False), names)[0])
+
+
+def _keras_greedy(loaded, decoder, prompt, mask, new_tokens) -> np.ndarray:
+    """Greedy tokens from Keras recomputing the sequence at every position,
+    with prompts in lockstep as `generation.generate` runs them."""
+    lengths = mask.sum(axis=1)
+    tokens = np.zeros((prompt.shape[0], prompt.shape[1] + new_tokens), prompt.dtype)
+    tokens[:, : prompt.shape[1]] = np.where(mask, prompt, 0)
+    for position in range(int(lengths.min()), int((lengths + new_tokens).max())):
+        logits = _forward_logits(loaded, decoder, tokens[:, :position])[:, -1]
+        generating = (position >= lengths) & (position < lengths + new_tokens)
+        tokens[:, position] = np.where(generating, logits.argmax(axis=-1), tokens[:, position])
+    return tokens
+
+
+def _prompt(rng, decoder: Decoder, lengths) -> tuple[np.ndarray, np.ndarray]:
+    mask = np.arange(max(lengths)) < np.array(lengths)[:, None]
+    ids = rng.integers(1, decoder.vocabulary, mask.shape)
+    return np.where(mask, ids, 0).astype(decoder.ids_dtype), mask
+
+
+def references(loaded: LoadedModel, decoder: Decoder, on_step=None) -> Reference:
+    """Run Keras: its cached call over a prompt and `DECODE_STEPS` greedy
+    steps, and its greedy tokens recomputing the full sequence."""
+    from keras import ops
+
+    steps = _check_lengths(decoder)
+    rng = np.random.default_rng(validating.SEED)
+    model = loaded.model
+    batch, length = STEP_PROMPT
+    prompt, _ = _prompt(rng, decoder, [length] * batch)
+    cache = ops.zeros(
+        (batch, decoder.layers, 2, length + steps, decoder.heads, decoder.head_size),
+        decoder.dtype,
+    )
+    logits, _, cache = model.call_with_cache(ops.convert_to_tensor(prompt), cache, 0)
+    step_logits, step_tokens = [np.asarray(logits)], []
+    for step in range(steps):
+        token = step_logits[-1][:, -1].argmax(axis=-1)[:, None].astype(prompt.dtype)
+        logits, _, cache = model.call_with_cache(ops.convert_to_tensor(token), cache, length + step)
+        step_tokens.append(token)
+        step_logits.append(np.asarray(logits))
+    greedy = []
+    for lengths in GREEDY_PROMPTS:
+        ids, mask = _prompt(rng, decoder, lengths)
+        greedy.append((ids, mask, _keras_greedy(loaded, decoder, ids, mask, steps)))
+        if on_step:
+            on_step(len(greedy), len(GREEDY_PROMPTS) + 1)
+    return Reference(prompt, step_tokens, step_logits, greedy)
+
+
+def _token_check(label: str, got: np.ndarray, expected: np.ndarray) -> validating.Check:
+    differ = np.argwhere(got != expected)
+    problem = None
+    if len(differ):
+        row, position = differ[0]
+        problem = (
+            f"{len(differ)} tokens differ; first at row {row}, position {position}: "
+            f"ONNX Runtime {got[row, position]}, Keras {expected[row, position]}"
+        )
+    return validating.Check(
+        shape=label,
+        output="greedy tokens",
+        max_abs_diff=float(len(differ)),
+        max_rel_diff=float(len(differ)) / got.size,
+        passed=not len(differ),
+        problem=problem,
+    )
+
+
+def validate(
+    reference: Reference, onnx_path, atol, rtol, on_step=None, lean_memory=False
+) -> validating.Validation:
+    """Run the file as `generation.generate` does and compare with Keras.
+
+    Checks: the prompt's logits and each decode step's (teacher-forced with
+    Keras' greedy tokens) within `atol + rtol |Keras|`; then each greedy batch
+    token by token.
+    """
+    import onnxruntime as ort
+
+    result = validating.Validation(atol=atol, rtol=rtol)
+    options = ort.SessionOptions()
+    if lean_memory:
+        options.add_session_config_entry("session.disable_prepacking", "1")
+        options.enable_cpu_mem_arena = False
+    try:
+        decoder = generation.CachedDecoder(onnx_path, options)
+    except Exception as error:  # noqa: BLE001 - the file's failure, reported as one
+        result.error = f"ONNX Runtime cannot load the file: {one_line(str(error), 300)}"
+        return result
+    prompt = reference.step_prompt
+    try:
+        logits, cache = decoder.step(prompt, decoder.empty_cache(prompt.shape[0]))
+        batch, length = prompt.shape
+        label = f"prompt {batch}x{length}"
+        result.checks.append(
+            validating.compare(label, "logits", logits, reference.step_logits[0], atol, rtol)
+        )
+        for step, token in enumerate(reference.step_tokens, start=1):
+            logits, cache = decoder.step(token, cache)
+            label = f"decode step {step} ({batch}x{length + step})"
+            expected = reference.step_logits[step]
+            result.checks.append(validating.compare(label, "logits", logits, expected, atol, rtol))
+        if on_step:
+            on_step(1, len(reference.greedy) + 1)
+        for done, (ids, mask, expected) in enumerate(reference.greedy, start=2):
+            new = expected.shape[1] - ids.shape[1]
+            got = generation.generate(decoder, ids, new, padding_mask=mask)
+            lengths = ",".join(str(n) for n in mask.sum(axis=1))
+            label = f"greedy {ids.shape[0]}x({lengths})+{new}"
+            result.checks.append(_token_check(label, got, expected))
+            if on_step:
+                on_step(done, len(reference.greedy) + 1)
+    except Exception as error:  # noqa: BLE001 - the file's failure, reported as one
+        result.error = f"ONNX Runtime fails on the decoder: {one_line(str(error), 300)}"
+    return result
