@@ -1,4 +1,4 @@
-"""`--task causal-lm`: export a decoder with its key/value cache, and prove it generates as Keras does.
+"""`--task causal-lm`: export a decoder with its key/value cache; prove it generates as Keras does.
 
 A model is exportable this way when it follows keras-hub's `CausalLM`
 protocol, which every keras-hub causal LM with a plain text cache follows
@@ -106,9 +106,8 @@ def describe(loaded: LoadedModel) -> Decoder:
         _, cache = model._build_cache(ids)
         logits = model.call_with_cache(ids, cache, 0)[0]
     except Exception as error:  # noqa: BLE001 - the model's own failure, named
-        raise _refuse(
-            model, f"fails on a 2-token prompt ({one_line(f'{type(error).__name__}: {error}', 200)})"
-        ) from error
+        detail = one_line(f"{type(error).__name__}: {error}", 200)
+        raise _refuse(model, f"fails on a 2-token prompt ({detail})") from error
     shape = tuple(cache.shape)
     if len(shape) != 6 or shape[0] != 1 or shape[2] != 2 or shape[3] != 2:
         raise _refuse(model, f"builds a cache of shape {shape}")

@@ -97,7 +97,8 @@ class CachedDecoder:
         """Run the file on the new tokens: (their logits, the grown caches)."""
         feeds = {"input_ids": np.asarray(token_ids, self.ids_dtype), **cache}
         outputs = dict(zip(self.output_names, self.session.run(None, feeds), strict=True))
-        grown = {name: outputs[present] for name, present in zip(self._cache_names, self.presents)}
+        pairs = zip(self._cache_names, self.presents, strict=True)
+        grown = {name: outputs[present] for name, present in pairs}
         return outputs["logits"], grown
 
 
@@ -110,8 +111,10 @@ def _numpy_dtype(onnx_type: str) -> np.dtype:
 
 def _check_prompt(token_ids, padding_mask, max_new_tokens) -> tuple[np.ndarray, np.ndarray]:
     token_ids = np.asarray(token_ids)
-    if token_ids.ndim != 2 or token_ids.shape[1] == 0 or not np.issubdtype(
-        token_ids.dtype, np.integer
+    if (
+        token_ids.ndim != 2
+        or token_ids.shape[1] == 0
+        or not np.issubdtype(token_ids.dtype, np.integer)
     ):
         raise ValueError(
             f"token_ids must be integer ids of shape (batch, prompt length) with at least one "

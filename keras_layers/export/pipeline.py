@@ -341,10 +341,11 @@ def export_model(
             shapes = shapes or validating.default_shapes(loaded)
         staged = _Staged.write(slimmed.proto, folder, output, external)
         with run.stage("validate"):
+            references = None
             if decoder is not None:
                 validation = _validate_decoder(loaded, decoder, staged, atol, rtol, run, external)
             else:
-                validation = _validate_forward(
+                validation, references = _validate_forward(
                     loaded, staged, shapes, atol, rtol, run, external, allow_nonfinite
                 )
         int8 = None
@@ -385,13 +386,15 @@ def export_model(
 
 
 def _validate_forward(loaded, staged, shapes, atol, rtol, run, external, allow_nonfinite):
+    """The grid's checks, and Keras' outputs when they were computed first
+    (with external data: `quantize` reuses them)."""
     references = None
     if external:
         # Keras' outputs first, then its weights go before ONNX Runtime
         # maps its own: the two copies are never held at once.
         references = list(validating.keras_references(loaded, shapes))
         loaded.release_model()
-    return validating.validate(
+    validation = validating.validate(
         loaded,
         staged.graph,
         shapes,
@@ -402,6 +405,7 @@ def _validate_forward(loaded, staged, shapes, atol, rtol, run, external, allow_n
         lean_memory=external,
         references=references,
     )
+    return validation, references
 
 
 def _validate_decoder(loaded, decoder, staged, atol, rtol, run, external):
