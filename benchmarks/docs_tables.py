@@ -1,4 +1,4 @@
-"""Render the tables of docs/performance.md from the benchmark results they report.
+"""Render the tables of docs/performance.md and docs/generation.md from the benchmark results.
 
     python benchmarks/docs_tables.py            # rewrite the page's tables in place
     python benchmarks/docs_tables.py --check    # exit 1, naming each table that differs
@@ -33,6 +33,8 @@ from benchmarks.export_bench import ratios  # noqa: E402
 from benchmarks.results_io import RESULTS  # noqa: E402
 
 PAGE = ROOT / "docs" / "performance.md"
+# Pages other than PAGE, by the results file their tables are read from.
+PAGES_BY_STEM = {"generate": ROOT / "docs" / "generation.md"}
 MARKED_TABLE = re.compile(
     r"^<!-- table: (?P<name>[\w.]+) -->\n(?P<body>.*?)^<!-- /table -->$", flags=re.S | re.M
 )
@@ -320,6 +322,42 @@ def big_model_sweep_table(report: dict) -> str:
     return markdown_table(header, [False, True, True, False, True, True, True, True, False], rows)
 
 
+# --- generate.json ---------------------------------------------------------------
+
+
+def generate_speed_table(report: dict) -> str:
+    """New tokens per second of each way to generate, and the ratios the targets name."""
+    rows = []
+    for entry in report["models"]:
+        for row in entry["rows"]:
+            same = row["same_tokens_as_keras_hub"]
+            rows.append(
+                [
+                    f"{entry['model']} ({entry['parameters'] / 1e6:.1f}M)",
+                    str(row["batch"]),
+                    *(f"{row[name]['tokens_per_second']:,.0f}" for name in GENERATE_CANDIDATES),
+                    f"{row['cache_over_recompute']:.1f}x",
+                    f"{row['cache_over_keras_hub']:.1f}x",
+                    "yes" if same["ort_cache"] and same["ort_recompute"] else "no",
+                ]
+            )
+    header = [
+        "model",
+        "batch",
+        "ORT, cache",
+        "ORT, recompute",
+        "keras-hub generate",
+        "ORT int8, cache",
+        "cache / recompute",
+        "cache / keras-hub",
+        "tokens = keras-hub's",
+    ]
+    return markdown_table(header, [False] + [True] * 7 + [False], rows)
+
+
+GENERATE_CANDIDATES = ("ort_cache", "ort_recompute", "keras_hub", "int8_cache")
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "export_bench.files": export_bench_files_table,
     "export_bench.latency": export_bench_latency_table,
@@ -328,7 +366,17 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "scaling.by_vocabulary": scaling_by_vocabulary_table,
     "layers.peers": layers_peers_table,
     "big_model.sweep": big_model_sweep_table,
+    "generate.speed": generate_speed_table,
 }
+
+
+def page_of(name: str) -> Path:
+    """The page a table is on: PAGE unless its results file has a page of its own."""
+    return PAGES_BY_STEM.get(name.split(".")[0], PAGE)
+
+
+def pages() -> list:
+    return [PAGE, *PAGES_BY_STEM.values()]
 
 
 def render_tables(results: Path = RESULTS) -> dict:
@@ -379,24 +427,28 @@ def main(argv=None) -> int:
         "--check", action="store_true", help="change nothing; exit 1 if any table differs"
     )
     args = parser.parse_args(argv)
-    text = PAGE.read_text()
-    on_page = page_tables(text)
-    problems = [f"unknown table on the page: {name}" for name in on_page if name not in TABLES]
-    problems += [f"table missing from the page: {name}" for name in TABLES if name not in on_page]
-    problems += [
-        f"table line outside markers: {PAGE.name}:{line}" for line in unmarked_table_lines(text)
-    ]
+    tables = render_tables()
+    problems, differing = [], []
+    for page in pages():
+        text = page.read_text()
+        on_page = page_tables(text)
+        names = [name for name in TABLES if page_of(name) == page]
+        problems += [f"unknown table on {page.name}: {n}" for n in on_page if n not in names]
+        problems += [f"table missing from {page.name}: {n}" for n in names if n not in on_page]
+        problems += [
+            f"table line outside markers: {page.name}:{line}" for line in unmarked_table_lines(text)
+        ]
+        changed = [name for name in names if name in on_page and on_page[name] != tables[name]]
+        differing += changed
+        if changed and not args.check and not problems:
+            page.write_text(rewrite(text, tables))
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 1
-    tables = render_tables()
-    differing = [name for name in TABLES if on_page[name] != tables[name]]
     if args.check:
         for name in differing:
             print(f"{name}: differs from benchmarks/results/{name.split('.')[0]}.json")
         return 1 if differing else 0
-    if differing:
-        PAGE.write_text(rewrite(text, tables))
     print(f"rewrote {', '.join(differing)}" if differing else "every table is up to date")
     return 0
 

@@ -8,6 +8,7 @@ stay tied through saving and loading).
 
 import os as _os
 import sys as _sys
+import typing as _typing
 
 
 def _export_command_startup() -> None:
@@ -49,12 +50,19 @@ def _export_command_startup() -> None:
 
 _export_command_startup()
 
-from keras_layers.scaled_embedding import ScaledEmbedding  # noqa: E402
-from keras_layers.sinusoidal_position_encoding import SinusoidalPositionEncoding  # noqa: E402
-from keras_layers.tied_output_dense import (  # noqa: E402
-    TiedOutputDense,
-    clone_model_keeping_ties,
-)
+# The layers import Keras, and importing Keras imports its backend (TensorFlow
+# by default): `keras_layers.export.generate`, which runs on ONNX Runtime and
+# NumPy alone, must not pay for that, and on a server without TensorFlow it
+# could not. So the layers are imported on first use (PEP 562), and no later
+# than Keras itself: Keras loads a `.keras` file's custom layers only from its
+# registry, so `import keras_layers` must still register them before any model
+# is loaded, whichever of the two is imported first.
+_LAYERS = {
+    "ScaledEmbedding": "keras_layers.scaled_embedding",
+    "SinusoidalPositionEncoding": "keras_layers.sinusoidal_position_encoding",
+    "TiedOutputDense": "keras_layers.tied_output_dense",
+    "clone_model_keeping_ties": "keras_layers.tied_output_dense",
+}
 
 __all__ = [
     "ScaledEmbedding",
@@ -63,3 +71,77 @@ __all__ = [
     "clone_model_keeping_ties",
 ]
 __version__ = "0.1.0"
+
+if _typing.TYPE_CHECKING:  # what type checkers and the API docs read
+    from keras_layers.scaled_embedding import ScaledEmbedding
+    from keras_layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
+    from keras_layers.tied_output_dense import TiedOutputDense, clone_model_keeping_ties
+
+
+def _import_layers() -> None:
+    import importlib
+
+    for module in dict.fromkeys(_LAYERS.values()):
+        importlib.import_module(module)
+
+
+class _LayersFollowKeras:
+    """A `sys.meta_path` entry that imports the layers right after Keras.
+
+    It finds nothing itself: for `keras` it asks the finders after it and
+    wraps the loader, so the layers (and their registration) are imported as
+    soon as Keras' own module has run, then it leaves `sys.meta_path`. A
+    `find_spec("keras")` that only probes (no import) changes nothing.
+    """
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "keras":
+            return None
+        for finder in _sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _ThenImportLayers(spec.loader, self)
+                return spec
+        return None
+
+
+class _ThenImportLayers:
+    """Keras' own loader, then `_import_layers`."""
+
+    def __init__(self, loader, finder):
+        self._loader, self._finder = loader, finder
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        if self._finder in _sys.meta_path:
+            _sys.meta_path.remove(self._finder)
+        _import_layers()
+
+
+if "keras" in _sys.modules:
+    _import_layers()
+else:
+    _sys.meta_path.insert(0, _LayersFollowKeras())
+
+
+def __getattr__(name: str):
+    if name not in _LAYERS:
+        raise AttributeError(f"module 'keras_layers' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAYERS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted([*globals(), *_LAYERS])

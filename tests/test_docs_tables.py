@@ -11,23 +11,24 @@ import pytest
 
 from benchmarks import docs_tables
 
-PAGE_TEXT = docs_tables.PAGE.read_text()
 RENDERED = docs_tables.render_tables()
 
 
 @pytest.mark.parametrize("name", list(docs_tables.TABLES))
 def test_page_table_matches_the_benchmark_json(name):
-    on_page = docs_tables.page_tables(PAGE_TEXT)
-    assert name in on_page, f"no `<!-- table: {name} -->` ... `<!-- /table -->` on the page"
+    page = docs_tables.page_of(name)
+    on_page = docs_tables.page_tables(page.read_text())
+    assert name in on_page, f"no `<!-- table: {name} -->` ... `<!-- /table -->` on {page.name}"
     assert on_page[name] == RENDERED[name], (
-        f"table {name} on {docs_tables.PAGE.name} differs from the JSON; "
+        f"table {name} on {page.name} differs from the JSON; "
         "run `python benchmarks/docs_tables.py` after a new benchmark run"
     )
 
 
-def test_every_table_on_the_page_is_generated():
-    unmarked = docs_tables.unmarked_table_lines(PAGE_TEXT)
+@pytest.mark.parametrize("page", docs_tables.pages(), ids=lambda page: page.name)
+def test_every_table_on_the_page_is_generated(page):
+    unmarked = docs_tables.unmarked_table_lines(page.read_text())
     assert not unmarked, (
-        f"table lines outside the markers of a generated table, {docs_tables.PAGE.name} "
+        f"table lines outside the markers of a generated table, {page.name} "
         f"lines {unmarked}: render them in benchmarks/docs_tables.py instead"
     )

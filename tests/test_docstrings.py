@@ -10,8 +10,11 @@ MODULES = [
     "keras_layers.sinusoidal_position_encoding",
     "keras_layers.tied_output_dense",
     "keras_layers.demo.encoder",
+    "keras_layers.demo.decoder",
     # The export pipeline runs on TensorFlow.
     pytest.param("keras_layers.export.pipeline", marks=pytest.mark.tensorflow_only),
+    # Exports a decoder first (module docstring), then generates from it.
+    pytest.param("keras_layers.export.generation", marks=pytest.mark.tensorflow_only),
 ]
 
 

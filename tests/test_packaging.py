@@ -80,3 +80,42 @@ def test_a_users_module_in_the_working_folder_is_never_imported(tmp_path):
         result = run(command, tmp_path)
         assert result.returncode in (0, 2), result.stderr
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "imports",
+    [
+        "import keras_layers; import keras",
+        "import keras; import keras_layers",
+        "import keras_layers",
+    ],
+)
+def test_importing_the_package_registers_the_layers_before_keras_loads_a_file(imports, tmp_path):
+    """The layers are imported lazily (so `generate` needs no TensorFlow), yet
+    a `.keras` file holding them loads after `import keras_layers`, whichever
+    of Keras and the package comes first; also after a probe of Keras' spec."""
+    saved = tmp_path / "tiny.keras"
+    build = (
+        "import keras; from keras_layers import ScaledEmbedding; "
+        "ids = keras.Input((None,), dtype='int32'); "
+        f"keras.Model(ids, ScaledEmbedding(10, 4)(ids)).save({str(saved)!r})"
+    )
+    assert run([sys.executable, "-c", build], tmp_path).returncode == 0
+    load = (
+        f"import importlib.util; {imports}; importlib.util.find_spec('keras'); import keras; "
+        f"model = keras.saving.load_model({str(saved)!r}); "
+        "print(type(model.layers[1]).__name__)"
+    )
+    loaded = run([sys.executable, "-c", load], tmp_path)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == "ScaledEmbedding"
+
+
+def test_the_generation_api_imports_neither_keras_nor_tensorflow(tmp_path):
+    code = (
+        "import sys; import keras_layers; from keras_layers.export import generate, CachedDecoder; "
+        "print(sorted(m for m in ('keras', 'tensorflow', 'tf2onnx') if m in sys.modules))"
+    )
+    result = run([sys.executable, "-c", code], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

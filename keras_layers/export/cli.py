@@ -35,6 +35,7 @@ FLAGS = {
     "quantize": "--quantize",
     "allow_nonfinite": "--allow-nonfinite",
     "input_roles": "--input",
+    "task": "--task",
 }
 FIXES = {
     "unsafe": "--unsafe",
@@ -103,6 +104,7 @@ def _input_role(text: str) -> tuple[str, str]:
 
 
 def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
+    from keras_layers.export.causal_lm import TASKS
     from keras_layers.export.converting import DEFAULT_OPSET
     from keras_layers.export.pipeline import EXTERNAL_DATA_CHOICES, QUANTIZE_CHOICES
     from keras_layers.export.validating import DEFAULT_ATOL, DEFAULT_RTOL
@@ -172,6 +174,15 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
         "--unsafe",
         action="store_true",
         help="allow Lambda layers (runs code stored in the file: trusted files only)",
+    )
+    p.add_argument(
+        "--task",
+        choices=TASKS,
+        default="forward",
+        help="forward: the model's call over whole sequences (default); causal-lm: a "
+        "decoder with a key/value cache for generation (keras-hub CausalLM, "
+        "preprocessor=None, or a model with call_with_cache; docs/generation.md), checked "
+        "by decode steps and greedy generation against Keras",
     )
     p.add_argument(
         "--external-data",
@@ -271,7 +282,12 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
     from rich.markup import escape
 
     from keras_layers.export.display import StageDisplay, int8_summary, render_report
-    from keras_layers.export.errors import ExportError, command_line_wording, one_line
+    from keras_layers.export.errors import (
+        ExportError,
+        UsageError,
+        command_line_wording,
+        one_line,
+    )
     from keras_layers.export.pipeline import export_model
 
     console = Console(stderr=False, highlight=False)
@@ -280,6 +296,12 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
         with StageDisplay(console, quiet=args.quiet) as display, command_line_wording(FLAGS, FIXES):
             extra, evaluate = None, None
             model = args.model
+            if model is None and args.task != "forward":
+                raise UsageError(
+                    f"--task {args.task} needs MODEL: the demo is an encoder (export a "
+                    "keras-hub CausalLM saved with preprocessor=None, or "
+                    "keras_layers.demo.TiedDecoder)"
+                )
             if model is None:
                 model, extra, evaluate = _demo(args, demo_dir, display)
             output = args.output or model.with_suffix(".onnx")
@@ -303,6 +325,7 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
                 evaluate=evaluate,
                 progress=display,
                 extra_report=extra,
+                task=args.task,
             )
         if not args.quiet:
             render_report(report, console)

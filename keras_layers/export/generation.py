@@ -16,6 +16,17 @@ So every row attends only to its own tokens, and no attention mask is needed.
 
 Nothing here imports TensorFlow or Keras: a server that only generates needs
 `onnxruntime` and `numpy`.
+
+Example (the export side, which does need TensorFlow):
+
+>>> import keras_hub
+>>> from keras_layers.export import export_model
+>>> backbone = keras_hub.models.GPT2Backbone(
+...     vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8,
+...     intermediate_dim=16, max_sequence_length=64)
+>>> lm = keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
+>>> export_model(lm, tmp / "gpt2.onnx", task="causal-lm")["passed"]
+True
 """
 
 from dataclasses import dataclass
@@ -225,9 +236,12 @@ def generate(
 
     Example:
 
-    >>> tokens = generate(tmp / "gpt2.onnx", [[5, 6, 7]], max_new_tokens=4)
+    >>> tokens = generate(tmp / "gpt2.onnx", [[5, 6, 7], [8, 9, 0]], max_new_tokens=4,
+    ...                   padding_mask=[[1, 1, 1], [1, 1, 0]])
     >>> tokens.shape
-    (1, 7)
+    (2, 7)
+    >>> int(tokens[1, -1])  # the shorter row ends with padding
+    0
     """
     token_ids, mask = _check_prompt(token_ids, padding_mask, max_new_tokens)
     _check_sampler(sampler, top_k, top_p, temperature)

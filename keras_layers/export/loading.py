@@ -554,7 +554,12 @@ def load(model, imports=(), unsafe=False, input_roles=None) -> LoadedModel:
     memory, in float32, and describe its inputs and outputs."""
     import keras
 
-    import keras_layers  # noqa: F401 - registers our layers for deserialisation
+    # Registers our layers for deserialisation (the package imports them lazily).
+    from keras_layers import (  # noqa: F401
+        ScaledEmbedding,
+        SinusoidalPositionEncoding,
+        TiedOutputDense,
+    )
 
     import_modules(list(imports))
     if isinstance(model, keras.Model):
