@@ -119,6 +119,7 @@ def build_report(
             "nodes_converted": slimmed.nodes_before,
             "nodes_final": slimmed.nodes_after,
             "fused": slimmed.fused,
+            "stack_picks_folded": slimmed.stack_picks_folded,
             "shared_weights": [
                 {"name": name, "shape": shape, "read_by": read_by}
                 for name, shape, read_by in slimming.shared_weights(slimmed.proto)

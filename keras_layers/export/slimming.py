@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from keras_layers.export import fusions
+from keras_layers.export import fusions, stacks
 from keras_layers.export.loading import TensorInfo
 
 # Tensors smaller than this are not worth hashing.
@@ -47,6 +47,8 @@ class SlimmedModel:
     # Bytes of every initializer the final graph reads, by its name before
     # `canonicalize` renamed it: weights keep their Keras paths until then.
     initializer_bytes: dict = field(default_factory=dict)
+    # Picks of one slice of a stacked tensor replaced by that slice (`stacks`).
+    stack_picks_folded: int = 0
 
 
 def _tensor_bytes(tensor) -> int:
@@ -651,6 +653,11 @@ def slim(
     before = len(proto.graph.node)
     fused = {"LayerNormalization": 0, "MatMul": 0, "MultiHeadAttention": 0}
     fused |= dict.fromkeys(fusions.GELU_FUSED, 0)
+    # First: a decoder's stacked caches, picked apart again, are most of its
+    # nodes and of its time per token (`keras_layers.export.stacks`).
+    picks = stacks.fold_stack_picks(proto)
+    if picks:
+        remove_dead_nodes(proto)
     if run_onnxslim:
         import onnxslim
 
@@ -682,4 +689,5 @@ def slim(
         fused=fused,
         seconds=time.perf_counter() - start,
         initializer_bytes=initializer_bytes,
+        stack_picks_folded=picks,
     )

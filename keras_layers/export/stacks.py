@@ -1,0 +1,169 @@
+"""Fold "stack, then pick one" out of the graph: `x[i]` of `stack([x0, x1, ...])` is `xi`.
+
+TensorFlow's `tf.stack` reaches ONNX as `Concat` of `Unsqueeze`d inputs, and
+`t[:, i, ...]` as `Slice` + `Squeeze`. A decoder's cache is stacked per layer
+and per key/value, then picked apart by the next layer (keras-hub's
+`call_with_cache` takes one stacked cache, `keras_layers.export.causal_lm`
+builds it from the per-layer inputs): ONNX Runtime copies the whole cache for
+every stack and every pick, which cost a decoder more time per token than all
+its matrix products (ONNX Runtime's profiler on a 7.5M-parameter GPT-2 at
+batch 8: 69% of a step in `Concat`, `Slice`, `Where`, `Transpose` and `Pad`;
+`benchmarks/generate.py` measures the gain, docs/generation.md).
+
+The rule is exact, and only constants decide it: `Squeeze(Slice(X, starts,
+ends, axes), axes')` that takes one index on each squeezed axis (the other
+sliced axes whole) is replaced by the stacked input it picks, looked up through
+`Concat`-of-`Unsqueeze` stacks and through `Transpose`s (a new, smaller
+`Transpose` of the picked input takes the old one's place). Anything else,
+and the graph is left as it was.
+"""
+
+import numpy as np
+
+# tf2onnx writes "to the end" as the largest int32 (or int64).
+_WHOLE = np.iinfo(np.int32).max
+
+
+def _constants(graph) -> dict:
+    from onnx import numpy_helper
+
+    return {
+        init.name: numpy_helper.to_array(init)
+        for init in graph.initializer
+        if init.data_location == 0 and np.prod(init.dims) <= 16
+    }
+
+
+def _picks(node, squeeze, constants) -> dict | None:
+    """{axis: index} that `Squeeze(Slice(...))` picks, or None if it does not
+    pick single indices (or slices anything else)."""
+    arrays = [constants.get(name) for name in node.input[1:]]
+    if len(arrays) < 3 or any(a is None for a in arrays) or len(squeeze.input) < 2:
+        return None
+    starts, ends, axes = (a.astype(np.int64).tolist() for a in arrays[:3])
+    steps = arrays[3].tolist() if len(arrays) > 3 else [1] * len(starts)
+    squeezed = constants.get(squeeze.input[1])
+    if squeezed is None or min(axes + squeezed.tolist(), default=0) < 0:
+        return None
+    picks = {}
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        if step != 1:
+            return None
+        if start == 0 and end >= _WHOLE:
+            continue  # the whole axis
+        if start < 0 or end != start + 1:
+            return None
+        picks[axis] = start
+    return picks if picks and sorted(picks) == sorted(squeezed.tolist()) else None
+
+
+def _unsqueezed_axis(node, constants) -> int | None:
+    axes = constants.get(node.input[1]) if len(node.input) > 1 else None
+    return int(axes[0]) if axes is not None and axes.size == 1 and axes[0] >= 0 else None
+
+
+class _Folder:
+    def __init__(self, graph):
+        self.graph = graph
+        self.constants = _constants(graph)
+        self.producers = {out: node for node in graph.node for out in node.output}
+        self.new_nodes = []
+
+    def pick(self, name: str, picks: dict) -> str | None:
+        """The tensor `name` with index `i` taken (and the axis dropped) at
+        each `{axis: i}`, found without copying, or None."""
+        if not picks:
+            return name
+        node = self.producers.get(name)
+        if node is None:
+            return None
+        if node.op_type == "Concat":
+            axis = next(a.i for a in node.attribute if a.name == "axis")
+            if axis not in picks or axis < 0:
+                return None
+            parts = [self.producers.get(part) for part in node.input]
+            if not all(p is not None and p.op_type == "Unsqueeze" for p in parts):
+                return None
+            if any(_unsqueezed_axis(p, self.constants) != axis for p in parts):
+                return None
+            if picks[axis] >= len(parts):
+                return None
+            rest = {(a - 1 if a > axis else a): i for a, i in picks.items() if a != axis}
+            return self.pick(parts[picks[axis]].input[0], rest)
+        if node.op_type == "Transpose":
+            perm = list(next(a.ints for a in node.attribute if a.name == "perm"))
+            inner = self.pick(node.input[0], {perm[a]: i for a, i in picks.items()})
+            if inner is None:
+                return None
+            kept = [p for a, p in enumerate(perm) if a not in picks]
+            order = sorted(kept)
+            new_perm = [order.index(p) for p in kept]
+            if new_perm == list(range(len(new_perm))):
+                return inner
+            return self._transpose(inner, new_perm, node.name)
+        return None
+
+    def _transpose(self, source: str, perm: list, like: str) -> str:
+        from onnx import helper
+
+        output = f"{like}_picked_{len(self.new_nodes)}"
+        self.new_nodes.append(
+            helper.make_node("Transpose", [source], [output], name=output, perm=perm)
+        )
+        return output
+
+
+def fold_stack_picks(proto) -> int:
+    """Replace each single-index pick of a stacked tensor by the tensor it
+    picks (see the module docstring), until none is left: a pick of a pick
+    (a layer's cache, then its keys) folds on the next pass. Returns how many
+    picks were folded; the stacks nothing reads any more are left for
+    `remove_dead_nodes`."""
+    total = 0
+    while True:
+        folded = _fold_once(proto.graph)
+        if not folded:
+            return total
+        total += folded
+
+
+def _fold_once(graph) -> int:
+    from keras_layers.export.slimming import _rename_reads
+
+    folder = _Folder(graph)
+    readers = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {value.name for value in graph.output}
+    renames = {}
+    for node in graph.node:
+        if node.op_type != "Slice":
+            continue
+        after = readers.get(node.output[0], [])
+        if len(after) != 1 or after[0].op_type != "Squeeze":
+            continue
+        squeeze = after[0]
+        if not readers.get(squeeze.output[0]):  # folded on an earlier pass
+            continue
+        picks = _picks(node, squeeze, folder.constants)
+        if picks is None or squeeze.output[0] in outputs:
+            continue
+        found = folder.pick(node.input[0], picks)
+        if found is not None and found != squeeze.output[0]:
+            renames[squeeze.output[0]] = found
+    if not renames:
+        return 0
+    _rename_reads(graph, renames)
+    # The Squeezes stay (nothing reads them now), so a name is never renamed
+    # twice; each new Transpose goes right before the first node reading it.
+    placed = {node.output[0]: node for node in folder.new_nodes}
+    nodes = []
+    for node in graph.node:
+        for name in node.input:
+            if name in placed:
+                nodes.append(placed.pop(name))
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(renames)
