@@ -40,7 +40,12 @@ from benchmarks.results_io import RESULTS  # noqa: E402
 PAGE = ROOT / "docs" / "models.md"
 RESULT = RESULTS / "zoo.json"
 TABLE = "zoo"
-FUSED_LABELS = {"LayerNormalization": "LN", "MatMul": "MatMul", "MultiHeadAttention": "MHA"}
+FUSED_LABELS = {
+    "LayerNormalization": "LN",
+    "MatMul": "MatMul",
+    "MultiHeadAttention": "MHA",
+    "SimplifiedLayerNormalization": "RMSNorm",
+}
 
 
 def _exit_code(error: BaseException | None) -> int:

@@ -307,6 +307,7 @@ def test_layer_norms_and_dense_layers_are_folded(encoder_export):
         "LayerNormalization": 4,
         "MatMul": 5,
         "MultiHeadAttention": 2,
+        "SimplifiedLayerNormalization": 0,  # LayerNorms, not RMS norms
         # The encoder's feed-forward uses relu: no gelu to fuse.
         "Gelu": 0,
         "BiasGelu": 0,

@@ -61,9 +61,11 @@ class TiedDecoder(keras.Model):
 
         if width % heads:
             raise ValueError(f"width {width} must be divisible by heads {heads}")
-        self.token_embedding = ScaledEmbedding(vocabulary, width, name="token_embedding")
-        self.position_encoding = SinusoidalPositionEncoding(layout=layout, name="position_encoding")
-        self.blocks = [
+        # Built before `super().__init__` wires them (the torch backend allows
+        # no attribute assignment before it), kept as attributes after it.
+        token_embedding = ScaledEmbedding(vocabulary, width, name="token_embedding")
+        position_encoding = SinusoidalPositionEncoding(layout=layout, name="position_encoding")
+        blocks = [
             keras_hub.layers.TransformerDecoder(
                 intermediate_dim=intermediate,
                 num_heads=heads,
@@ -73,21 +75,23 @@ class TiedDecoder(keras.Model):
             )
             for index in range(layers)
         ]
-        self.final_norm = keras.layers.LayerNormalization(name="final_norm")
-        self.logits = TiedOutputDense(self.token_embedding, name="logits")
+        final_norm = keras.layers.LayerNormalization(name="final_norm")
+        output = TiedOutputDense(token_embedding, name="logits")
 
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
         padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
-        hidden = self.position_encoding(self.token_embedding(token_ids))
-        for block in self.blocks:
+        hidden = position_encoding(token_embedding(token_ids))
+        for block in blocks:
             hidden = block(hidden, decoder_padding_mask=padding_mask)
-        logits = self.logits(self.final_norm(hidden))
+        logits = output(final_norm(hidden))
         kwargs.setdefault("name", "tied_decoder")
         super().__init__(
             inputs={"token_ids": token_ids, "padding_mask": padding_mask},
             outputs=logits,
             **kwargs,
         )
+        self.token_embedding, self.position_encoding = token_embedding, position_encoding
+        self.blocks, self.final_norm, self.logits = blocks, final_norm, output
         self.vocabulary, self.width, self.num_layers = vocabulary, width, layers
         self.heads, self.intermediate = heads, intermediate
         self.layout, self.dropout = layout, dropout

@@ -47,6 +47,15 @@ class CacheInput:
     head_size: int
     dtype: np.dtype
 
+    @classmethod
+    def read(cls, value) -> "CacheInput":
+        """From ONNX Runtime's description of the input (batch, heads,
+        past_sequence, head size)."""
+        return cls(value.name, value.shape[1], value.shape[3], _numpy_dtype(value.type))
+
+    def empty(self, batch: int) -> np.ndarray:
+        return np.zeros((batch, self.heads, 0, self.head_size), self.dtype)
+
 
 class CachedDecoder:
     """An ONNX Runtime session over an exported decoder, one call at a time.
@@ -81,9 +90,7 @@ class CachedDecoder:
             )
         self.ids_dtype = _numpy_dtype(inputs["input_ids"].type)
         self.cache_inputs = [
-            CacheInput(name, value.shape[1], value.shape[3], _numpy_dtype(value.type))
-            for name, value in inputs.items()
-            if name.startswith(_PAST)
+            CacheInput.read(value) for name, value in inputs.items() if name.startswith(_PAST)
         ]
         self.output_names = [value.name for value in self.session.get_outputs()]
         self.presents = [name.replace(_PAST, "present.") for name in self._cache_names]
@@ -94,10 +101,7 @@ class CachedDecoder:
 
     def empty_cache(self, batch: int) -> dict:
         """Caches holding no tokens, for the first call."""
-        return {
-            cache.name: np.zeros((batch, cache.heads, 0, cache.head_size), cache.dtype)
-            for cache in self.cache_inputs
-        }
+        return {cache.name: cache.empty(batch) for cache in self.cache_inputs}
 
     @staticmethod
     def cache_length(cache: dict) -> int:

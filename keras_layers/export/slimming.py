@@ -652,6 +652,7 @@ def slim(
     start = time.perf_counter()
     before = len(proto.graph.node)
     fused = {"LayerNormalization": 0, "MatMul": 0, "MultiHeadAttention": 0}
+    fused["SimplifiedLayerNormalization"] = 0
     fused |= dict.fromkeys(fusions.GELU_FUSED, 0)
     # First: a decoder's stacked caches, picked apart again, are most of its
     # nodes and of its time per token (`keras_layers.export.stacks`).
@@ -672,6 +673,9 @@ def slim(
     fused["MatMul"] = fusions.fuse_tensordot_matmuls(proto)
     if run_onnxslim:
         fused["MultiHeadAttention"] = fusions.fuse_attention(proto, shapes)
+        # After attention, whose match needs shape inference: ONNX knows no
+        # SimplifiedLayerNormalization, so inference stops at one.
+        fused["SimplifiedLayerNormalization"] = fusions.fuse_rms_norms(proto, shapes)
     # After the Dense fusion, which puts each bias Add right after a MatMul.
     # It serialises nothing, so protos past 2 GB get it too.
     fused |= fusions.fuse_gelus(proto)
