@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from keras_layers.export.slimming import remove_dead_nodes
-from keras_layers.export.stacks import fold_stack_picks
+from keras_layers.export.stacks import fold_shapes_of_stacks, fold_stack_picks
 
 WHOLE = np.iinfo(np.int32).max
 SHAPE = (2, 3, 4)  # each stacked input
@@ -131,3 +131,45 @@ def test_a_concat_of_other_tensors_is_not_taken_for_a_stack():
     picked, more = pick("s", [1], [2], [1], [1])
     proto = model(nodes + picked, more, 2)
     assert fold_stack_picks(proto) == 0
+
+
+def shape_model(extra_reader: bool):
+    """Shape(concat([stack([x0, x1], 1), stack([x1, x2], 1)], 2)) and
+    Shape(x0 ++ x1 on axis 1)."""
+    stack_a, consts = stacked(axis=1, prefix="a")  # (2, 3, 3, 4) of x0, x1, x2
+    nodes = stack_a + [
+        helper.make_node("Concat", ["x0", "x1"], ["c"], axis=1),  # (2, 6, 4)
+        helper.make_node("Concat", ["a", "a"], ["aa"], axis=2),  # (2, 3, 6, 4)
+        helper.make_node("Shape", ["c"], ["c_shape"]),
+        helper.make_node("Shape", ["aa"], ["aa_shape"]),
+        helper.make_node("Concat", ["c_shape", "aa_shape"], ["y"], axis=0),
+    ]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.INT64, [7])]
+    if extra_reader:
+        nodes.append(helper.make_node("Identity", ["aa"], ["z"]))
+        outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
+    inputs = [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, SHAPE) for i in range(3)]
+    graph = helper.make_graph(nodes, "g", inputs, outputs, consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_the_shape_of_a_stack_read_only_for_its_shape_comes_from_its_parts():
+    proto = shape_model(extra_reader=False)
+    before, _ = run(proto)
+
+    assert fold_shapes_of_stacks(proto) >= 2
+
+    onnx.checker.check_model(proto)
+    after, _ = run(proto)
+    np.testing.assert_array_equal(after, before)
+    assert before.tolist() == [2, 6, 4, 2, 3, 6, 4]
+    big = [n for n in proto.graph.node if n.op_type in ("Concat", "Unsqueeze")]
+    assert all(n.output[0] not in ("c", "aa", "a") for n in big)  # never made
+
+
+def test_a_stack_read_for_more_than_its_shape_is_left_alone():
+    proto = shape_model(extra_reader=True)
+    fold_shapes_of_stacks(proto)
+    assert "aa" in {node.output[0] for node in proto.graph.node}
+    after, _ = run(proto)
+    assert after.tolist() == [2, 6, 4, 2, 3, 6, 4]

@@ -659,6 +659,7 @@ def slim(
     picks = stacks.fold_stack_picks(proto)
     if picks:
         remove_dead_nodes(proto)
+        stacks.fold_shapes_of_stacks(proto)
     if run_onnxslim:
         import onnxslim
 

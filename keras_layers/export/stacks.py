@@ -1,5 +1,8 @@
 """Fold "stack, then pick one" out of the graph: `x[i]` of `stack([x0, x1, ...])` is `xi`.
 
+Two exact rewrites (`fold_stack_picks`, then `fold_shapes_of_stacks` for
+the stacks left read only for their shape).
+
 TensorFlow's `tf.stack` reaches ONNX as `Concat` of `Unsqueeze`d inputs, and
 `t[:, i, ...]` as `Slice` + `Squeeze`. A decoder's cache is stacked per layer
 and per key/value, then picked apart by the next layer (keras-hub's
@@ -167,3 +170,127 @@ def _fold_once(graph) -> int:
     del graph.node[:]
     graph.node.extend(nodes)
     return len(renames)
+
+
+def fold_shapes_of_stacks(proto) -> int:
+    """Compute `Shape(concat or stack)` from its inputs' shapes when shapes are
+    all that is read of it, so the concatenation itself is never made.
+
+    keras-hub sizes a decoder's attention mask from its cache's shape, and the
+    cache `causal_lm.trace` hands it (the past plus room for the new tokens) is
+    otherwise read by nothing once `fold_stack_picks` has run: without this,
+    ONNX Runtime copies every layer's cache each step only to learn its length.
+    Exact: `Concat` needs equal sizes off its axis, so the result is the first
+    input's shape with the concatenated axis summed; `Unsqueeze` inserts a 1.
+    Returns how many `Shape` nodes were rewritten (until none is left).
+    """
+    from keras_layers.export.slimming import remove_dead_nodes
+
+    total = 0
+    while True:
+        rewritten = _shapes_once(proto.graph)
+        if not rewritten:
+            return total
+        total += rewritten
+        remove_dead_nodes(proto)
+
+
+class _ShapeArithmetic:
+    """Builds small int64 nodes computing a shape from other tensors' shapes."""
+
+    def __init__(self, graph, taken: set, stem: str):
+        self.graph, self.taken, self.stem, self.nodes = graph, taken, stem, []
+
+    def fresh(self, suffix: str) -> str:
+        name = f"{self.stem}_{suffix}"
+        while name in self.taken:
+            name += "_"
+        self.taken.add(name)
+        return name
+
+    def const(self, values) -> str:
+        from onnx import numpy_helper
+
+        name = self.fresh("const")
+        array = np.array(values, np.int64)
+        self.graph.initializer.append(numpy_helper.from_array(array, name))
+        return name
+
+    def dims(self, tensor: str, start: int, end: int) -> str:
+        """`Shape(tensor)[start:end]`."""
+        from onnx import helper
+
+        shape, out = self.fresh("shape"), self.fresh("dims")
+        self.nodes.append(helper.make_node("Shape", [tensor], [shape]))
+        slice_inputs = [shape, self.const([start]), self.const([end])]
+        self.nodes.append(helper.make_node("Slice", slice_inputs, [out]))
+        return out
+
+    def node(self, op: str, inputs: list, **attributes) -> str:
+        from onnx import helper
+
+        out = self.fresh(op.lower())
+        self.nodes.append(helper.make_node(op, inputs, [out], **attributes))
+        return out
+
+
+def _shape_of(source, constants, arithmetic: _ShapeArithmetic) -> str | None:
+    """The nodes computing `Shape(source's output)` from its inputs' shapes
+    (their last output is the result), or None if `source` is not a stack."""
+    if source.op_type == "Unsqueeze":
+        axis = _unsqueezed_axis(source, constants)
+        parts, middle = [source.input[0]], None
+    else:
+        axis = next(a.i for a in source.attribute if a.name == "axis")
+        parts = list(source.input)
+    if axis is None or axis < 0:
+        return None
+    whole = np.iinfo(np.int64).max
+    before = arithmetic.dims(parts[0], 0, axis)
+    if source.op_type == "Unsqueeze":
+        middle, after = arithmetic.const([1]), arithmetic.dims(parts[0], axis, whole)
+    else:
+        middle = arithmetic.dims(parts[0], axis, axis + 1)
+        for part in parts[1:]:  # (ONNX Runtime's Sum takes no int64)
+            middle = arithmetic.node("Add", [middle, arithmetic.dims(part, axis, axis + 1)])
+        after = arithmetic.dims(parts[0], axis + 1, whole)
+    return arithmetic.node("Concat", [before, middle, after], axis=0)
+
+
+def _shapes_once(graph) -> int:
+    constants = _constants(graph)
+    producers = {out: node for node in graph.node for out in node.output}
+    readers = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {value.name for value in graph.output}
+    taken = {*producers, *(init.name for init in graph.initializer)}
+    taken |= {value.name for value in graph.input}
+    added: dict[int, list] = {}
+    for position, node in enumerate(graph.node):
+        if node.op_type != "Shape" or node.attribute:
+            continue
+        source = producers.get(node.input[0])
+        if source is None or source.op_type not in ("Concat", "Unsqueeze"):
+            continue
+        if source.output[0] in outputs:
+            continue
+        if any(reader.op_type != "Shape" for reader in readers[source.output[0]]):
+            continue
+        arithmetic = _ShapeArithmetic(graph, taken, node.output[0])
+        result = _shape_of(source, constants, arithmetic)
+        if result is None:
+            continue
+        last = arithmetic.nodes.pop()  # the Concat: it takes the Shape's place
+        del last.output[:]
+        last.output.extend(node.output)
+        added[position] = arithmetic.nodes
+        node.CopyFrom(last)
+    nodes = []
+    for position, node in enumerate(graph.node):
+        nodes.extend(added.get(position, []))
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(added)
