@@ -358,6 +358,113 @@ def generate_speed_table(report: dict) -> str:
 GENERATE_CANDIDATES = ("ort_cache", "ort_recompute", "keras_hub", "int8_cache")
 
 
+# --- real_models.json -------------------------------------------------------------
+
+REAL_MODEL_LABELS = {"bert": "keras-hub BERT", "llama": "keras-hub Llama"}
+# (ratio key of `real_models.ratios`, the page's column, the performance issue's
+# target, whether it holds at every shape or only at the one named).
+REAL_MODEL_TARGETS = [
+    ("ours / pytorch + ort optimizer", "ours / PyTorch (<= 1.00)", 1.00, None),
+    ("ours / keras export", "ours / Keras export (<= 0.90)", 0.90, None),
+    ("ours / matmul bound", "ours / matmul bound (<= 1.10 BERT 8x128)", 1.10, ("bert", "8x128")),
+]
+
+
+def _fused_ops(fused: dict) -> str:
+    return ", ".join(f"{op} {count}" for op, count in fused.items()) or "none"
+
+
+def _against(value: float, target: float, applies: bool) -> str:
+    """The ratio to 3 places (so that a miss by less than 0.005 shows), marked
+    where it misses a target that applies to its row."""
+    return f"{value:.3f}" + (" (miss)" if applies and value > target else "")
+
+
+def real_models_latency_table(report: dict) -> str:
+    """Median milliseconds of the four exports and the bound, and the ratios the targets name."""
+    names = [
+        "ours",
+        "ours, per-layer shapes",
+        "keras export",
+        "plain tf2onnx",
+        "pytorch + ort optimizer",
+        "matmul bound",
+    ]
+    rows = []
+    for kind, entry in report["models"].items():
+        for shape, timing in entry["latency"].items():
+            ratios = entry["ratios"][shape]
+            cells = [REAL_MODEL_LABELS[kind], shape.replace("x", " x ")]
+            cells += [f"{timing['ms'][name]['median_ms']:.2f}" for name in names]
+            for key, _, target, only in REAL_MODEL_TARGETS:
+                cells.append(_against(ratios[key], target, only in (None, (kind, shape))))
+            cost = entry["cost_per_flop_vs_shortest"].get(shape, {}).get("ours")
+            cells.append(_optional(cost, ".2f"))
+            rows.append(cells)
+    header = [
+        "model",
+        "batch x sequence",
+        "ours ms",
+        "ours, per-layer shapes ms",
+        "Keras export ms",
+        "plain tf2onnx ms",
+        "PyTorch + ORT optimizer ms",
+        "matmul bound ms",
+        *(column for _, column, _, _ in REAL_MODEL_TARGETS),
+        "ours, cost per FLOP vs 1 x 128",
+    ]
+    return markdown_table(header, [False, False] + [True] * (len(header) - 2), rows)
+
+
+def real_models_files_table(report: dict) -> str:
+    """Each file's node count, fused ops, export time and agreement with the PyTorch file."""
+    rows = []
+    for kind, entry in report["models"].items():
+        for name, row in entry["files"].items():
+            rows.append(
+                [
+                    REAL_MODEL_LABELS[kind],
+                    name,
+                    str(row["nodes"]),
+                    _fused_ops(row["fused"]),
+                    f"{row['export_seconds']:.1f}",
+                    f"{row['max_abs_vs_pytorch_file']:.1e}",
+                ]
+            )
+        rows.append(
+            [
+                REAL_MODEL_LABELS[kind],
+                "ours, then ONNX Runtime's optimizer: what it adds",
+                "",
+                _fused_ops(entry["ort_optimizer_adds_to_ours"]),
+                "",
+                "",
+            ]
+        )
+    header = ["model", "file", "nodes", "fused ops", "export s", "max abs diff vs PyTorch file"]
+    return markdown_table(header, [False, False, True, False, True, True], rows)
+
+
+def real_models_skip_norms_table(report: dict) -> str:
+    """8 residual Adds each with the norm after it, against the fused skip norms."""
+    rows = []
+    for shape, row in report["skip_norms"]["ms"].items():
+        fused_ops = [name for name in row if not name.startswith("Add + ")]
+        for fused in fused_ops:
+            separate = "Add + " + fused.removeprefix("Skip")
+            rows.append(
+                [
+                    shape.replace("x", " x "),
+                    f"`{separate}` -> `{fused}`",
+                    f"{row[separate]:.3f}",
+                    f"{row[fused]:.3f}",
+                    f"{row[fused] / row[separate]:.2f}",
+                ]
+            )
+    header = ["batch x sequence", "fusion", "separate ms", "fused ms", "fused / separate"]
+    return markdown_table(header, [False, False, True, True, True], rows)
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "export_bench.files": export_bench_files_table,
     "export_bench.latency": export_bench_latency_table,
@@ -367,6 +474,9 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "layers.peers": layers_peers_table,
     "big_model.sweep": big_model_sweep_table,
     "generate.speed": generate_speed_table,
+    "real_models.latency": real_models_latency_table,
+    "real_models.files": real_models_files_table,
+    "real_models.skip_norms": real_models_skip_norms_table,
 }
 
 

@@ -178,7 +178,7 @@ BOUNDS = {
 }
 
 
-def matmul_bounds(batch, length, config, rounds) -> dict:
+def matmul_bounds(batch, length, config, rounds, shapes=None, bounds=BOUNDS) -> dict:
     """Sum of each matmul of the model timed alone in ONNX Runtime (median ms).
 
     Four bounds (see `_matmul_session` for each mode), each matmul shape timed
@@ -189,23 +189,25 @@ def matmul_bounds(batch, length, config, rounds) -> dict:
     quantization of the activations. The attention products (3-D, activations
     on both sides) are fed and float32 in all four, as in the model. The
     prepacked bound minus an int8 one is the most that form of int8 can save.
+    `shapes` replaces the reference encoder's matmuls (`matmul_shapes`) with
+    another model's, and `bounds` picks which of BOUNDS to time.
     """
     from benchmarks.timing import time_side_by_side
 
     cache = {}
-    totals = dict.fromkeys(BOUNDS, 0.0)
-    for a_shape, b_shape in matmul_shapes(batch, length, config):
+    totals = dict.fromkeys(bounds, 0.0)
+    for a_shape, b_shape in shapes or matmul_shapes(batch, length, config):
         key = (a_shape, b_shape)
         if key not in cache:
             # The attention products have no weights: fed in every bound, so
             # timed once and counted in each.
-            modes = BOUNDS if len(a_shape) == 2 else {"matmul bound": "fed"}
+            modes = bounds if len(a_shape) == 2 else {"matmul bound": "fed"}
             candidates = {}
             for name, mode in modes.items():
                 sess, feeds = _matmul_session(a_shape, b_shape, mode)
                 candidates[name] = lambda sess=sess, feeds=feeds: sess.run(None, feeds)
             timing = time_side_by_side(candidates, rounds=rounds)
-            cache[key] = {name: timing.get(name, timing["matmul bound"]) for name in BOUNDS}
+            cache[key] = {name: timing.get(name, timing["matmul bound"]) for name in bounds}
         for name in totals:
             totals[name] += cache[key][name]["median_ms"]
     return totals

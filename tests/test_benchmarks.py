@@ -59,3 +59,27 @@ def test_scaling_benchmark_quick_mode_reports_both_sweeps():
         assert all(row["median_ms"] > 0 for row in rows)
     assert all(row["size_ratio"] < 1.2 for row in report["by_vocabulary"])
     assert (results_io.RESULTS / "scaling.quick.png").exists()
+
+
+@pytest.mark.peers
+def test_real_models_benchmark_quick_mode_compares_all_four_exports():
+    from benchmarks import real_models
+
+    report = real_models.main(["--quick"])
+    assert set(report["models"]) == {"bert", "llama"}
+    for kind, entry in report["models"].items():
+        # The PyTorch copy computes what Keras computes, and so does every file.
+        assert entry["pytorch_vs_keras_max_abs"] < real_models.AGREEMENT_ATOL, kind
+        assert set(entry["files"]) == set(real_models.CANDIDATES), kind
+        for name, row in entry["files"].items():
+            assert row["max_abs_vs_pytorch_file"] < real_models.AGREEMENT_ATOL, (kind, name)
+        assert entry["files"]["ours"]["fused"]["MultiHeadAttention"] == 1, kind
+        for shape, timing in entry["latency"].items():
+            assert set(timing["ms"]) == {*real_models.CANDIDATES, *real_models.BOUNDS}, shape
+            assert timing["gflops"] > 0
+            ours = timing["ms"]["ours"]["median_ms"]
+            ratio = entry["ratios"][shape]["ours / pytorch + ort optimizer"]
+            assert ratio == pytest.approx(
+                ours / timing["ms"]["pytorch + ort optimizer"]["median_ms"]
+            )
+    assert (results_io.RESULTS / "real_models.quick.png").exists()

@@ -120,6 +120,7 @@ def build_report(
             "nodes_final": slimmed.nodes_after,
             "fused": slimmed.fused,
             "stack_picks_folded": slimmed.stack_picks_folded,
+            "shapes_shared": slimmed.shapes_shared,
             "shared_weights": [
                 {"name": name, "shape": shape, "read_by": read_by}
                 for name, shape, read_by in slimming.shared_weights(slimmed.proto)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from keras_layers.export import fusions, stacks
+from keras_layers.export import dims, fusions, stacks
 from keras_layers.export.loading import TensorInfo
 
 # Tensors smaller than this are not worth hashing.
@@ -49,6 +49,7 @@ class SlimmedModel:
     initializer_bytes: dict = field(default_factory=dict)
     # Picks of one slice of a stacked tensor replaced by that slice (`stacks`).
     stack_picks_folded: int = 0
+    shapes_shared: int = 0
 
 
 def _tensor_bytes(tensor) -> int:
@@ -644,6 +645,38 @@ def remove_dead_nodes(proto) -> None:
             del graph.initializer[position]
 
 
+# Ops whose outputs differ from call to call on the same inputs: never merged.
+_RANDOM_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
+               "Multinomial", "Bernoulli", "Dropout"}  # fmt: skip
+
+
+def merge_common_subexpressions(proto) -> int:
+    """Merge every node that computes what an earlier node computes: the same
+    op, attributes and inputs (after earlier merges). Nodes with subgraphs,
+    random ops and nodes making a graph output are kept as they are. Returns
+    how many nodes now read another's outputs instead (left for dead-node
+    removal). onnxslim does this too, but only in its own pass; this one runs
+    after the fusions, which `dims.share_equal_shapes` must follow."""
+    graph = proto.graph
+    outputs = {value.name for value in graph.output}
+    seen, renames, merged = {}, {}, 0
+    for node in graph.node:  # in topological order, as ONNX requires
+        for index, name in enumerate(node.input):
+            if name in renames:
+                node.input[index] = renames[name]
+        if node.op_type in _RANDOM_OPS or subgraphs(node) or outputs.intersection(node.output):
+            continue
+        attributes = sorted(a.SerializeToString(deterministic=True) for a in node.attribute)
+        key = (node.domain, node.op_type, tuple(node.input), tuple(attributes), len(node.output))
+        earlier = seen.setdefault(key, node)
+        if earlier is not node:
+            renames.update(zip(node.output, earlier.output, strict=True))
+            merged += 1
+    if renames:
+        _rename_reads(graph, renames)  # subgraphs read outer values too
+    return merged
+
+
 def slim(
     proto, inputs: list, outputs: list, run_onnxslim: bool = True, model_name: str = "model"
 ) -> SlimmedModel:
@@ -680,9 +713,17 @@ def slim(
     # After the Dense fusion, which puts each bias Add right after a MatMul.
     # It serialises nothing, so protos past 2 GB get it too.
     fused |= fusions.fuse_gelus(proto)
+    # Last of the rewrites, as the fusions match `Shape`s of the very tensors
+    # they reshape: the per-layer copies of the masks and rotary tables that
+    # keras-hub's decoders build from `Shape` of each hidden state become one
+    # copy once those `Shape`s are one. The input axes' names say which axes
+    # are one size (the validation grid feeds them so), and `dims` reads them.
+    name_dynamic_axes(proto, inputs, outputs)
+    shared = dims.share_equal_shapes(proto)
+    if shared:
+        merge_common_subexpressions(proto)
     remove_dead_nodes(proto)
     changes = deduplicate_initializers(proto)
-    name_dynamic_axes(proto, inputs, outputs)
     initializer_bytes = {init.name: _tensor_bytes(init) for init in proto.graph.initializer}
     # Last: every pass above may add, drop or reorder nodes.
     canonicalize(proto, name=model_name)
@@ -695,4 +736,5 @@ def slim(
         seconds=time.perf_counter() - start,
         initializer_bytes=initializer_bytes,
         stack_picks_folded=picks,
+        shapes_shared=shared,
     )

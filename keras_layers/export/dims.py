@@ -1,0 +1,438 @@
+"""Which tensors of a graph provably have the same shape, and sharing their `Shape`s.
+
+keras-hub's decoder layers each build their attention mask and rotary tables
+from `ops.shape` of their own input, so a 4-layer Llama traces four copies of
+the same (batch, sequence, sequence) mask computation, each reading `Shape` of
+a different hidden state. The copies compute the same values, but no pass can
+merge them while they read different tensors: ONNX shape inference gives each
+layer's hidden state fresh symbolic dims (it loses them at the Tensordot
+reshapes), and ONNX Runtime's symbolic inference stops at keras-hub's
+`min(1e9, sequence)` unless told to merge dims it cannot prove equal.
+
+`share_equal_shapes` proves it instead, with a small symbolic evaluation:
+every dim of a graph input is a symbol of its own (two inputs' dims are never
+assumed equal, whatever their names), and each op's output dims follow from
+its inputs' dims and, for the small integer tensors that shapes travel in,
+their values. A dim is an integer times a product of symbols, so the Tensordot
+`Reshape(x, [-1, K])` of a (batch, sequence, K) tensor is (batch*sequence, K)
+and reshaping it back gives the symbols back. Ops it does not know, and
+broadcasts between two different symbols, give unknown dims: the analysis
+only ever under-claims. Given a run that does not fail, two tensors it gives
+the same fully known dims have the same shape at run time, so their `Shape`
+nodes are one value: each later one is replaced by the first, and the copies
+downstream become identical and are merged by common-subexpression
+elimination (onnxslim's, or ONNX Runtime's at load).
+"""
+
+import math
+from collections import Counter
+
+import numpy as np
+from onnx import helper, numpy_helper
+
+# A Slice end from here up means "to the end": Keras slices with 1e9 for it
+# (keras-hub's masks), and no axis of a tensor that fits in memory is that long.
+_TO_THE_END = 10**9
+# Integer tensors up to this many elements have their values tracked.
+_MAX_VALUE_ELEMENTS = 16
+
+
+class Dim(tuple):
+    """coefficient * product of symbols: (int, sorted tuple of symbol names)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, value):
+        if isinstance(value, Dim):
+            return value
+        return cls((int(value), ()))
+
+    @classmethod
+    def symbol(cls, name: str):
+        return cls((1, (name,)))
+
+    @property
+    def static(self):
+        """The int, when the dim has no symbol; else None."""
+        return self[0] if not self[1] else None
+
+    def __mul__(self, other):
+        return Dim((self[0] * other[0], tuple(sorted(self[1] + other[1]))))
+
+    def divided_by(self, other):
+        """self / other when it is a whole Dim, else None."""
+        if other[0] == 0 or self[0] % other[0]:
+            return None
+        left = Counter(self[1])
+        left.subtract(other[1])
+        if any(count < 0 for count in left.values()):
+            return None
+        return Dim((self[0] // other[0], tuple(sorted(left.elements()))))
+
+
+ONE = Dim.of(1)
+
+
+def _broadcast(shapes):
+    """Multidirectional broadcast of dim tuples; an axis is None where not provable."""
+    if any(shape is None for shape in shapes):
+        return None
+    rank = max(len(shape) for shape in shapes)
+    out = []
+    for axis in range(rank):
+        dims = {
+            shape[axis - rank + len(shape)] for shape in shapes if axis - rank + len(shape) >= 0
+        }
+        dims.discard(ONE)
+        if None in dims:
+            out.append(None)
+        elif not dims:
+            out.append(ONE)
+        elif len(dims) == 1:
+            out.append(dims.pop())
+        else:
+            statics = {dim for dim in dims if dim.static is not None}
+            # A symbol broadcast against a static size is that size (or the
+            # run fails); two different symbols could be anything.
+            out.append(statics.pop() if len(statics) == 1 else None)
+    return tuple(out)
+
+
+_SAME_AS_FIRST = {
+    "Abs", "Cast", "Ceil", "Cos", "Elu", "Erf", "Exp", "FastGelu", "Floor", "Gelu", "BiasGelu",
+    "HardSigmoid", "Identity", "IsInf", "IsNaN", "LayerNormalization", "LeakyRelu", "Log",
+    "LogSoftmax", "Neg", "Not", "QuickGelu", "Reciprocal", "Relu", "Round", "Selu", "Sigmoid",
+    "Sign", "SimplifiedLayerNormalization", "Sin", "Softmax", "Softplus", "Softsign", "Sqrt",
+    "Tanh", "Trilu", "CumSum", "Dropout",
+}  # fmt: skip
+_BROADCASTING = {
+    "Add", "And", "BitShift", "Div", "Equal", "Greater", "GreaterOrEqual", "Less",
+    "LessOrEqual", "Max", "Min", "Mod", "Mul", "Or", "Pow", "PRelu", "Sub", "Sum", "Where", "Xor",
+}  # fmt: skip
+
+
+class _Evaluation:
+    """Dims of every tensor, and values of small integer ones, in graph order."""
+
+    def __init__(self, graph):
+        self.shape, self.value = {}, {}
+        for init in graph.initializer:
+            self.shape[init.name] = tuple(Dim.of(d) for d in init.dims)
+            if math.prod(init.dims) <= _MAX_VALUE_ELEMENTS:
+                self._hold(init.name, numpy_helper.to_array(init))
+        for value in graph.input:
+            if value.name in self.shape:
+                continue
+            dims = value.type.tensor_type.shape.dim
+            self.shape[value.name] = tuple(
+                Dim.of(d.dim_value)
+                if d.HasField("dim_value")
+                else Dim.symbol(d.dim_param or f"{value.name}:{axis}")
+                for axis, d in enumerate(dims)
+            )
+        for node in graph.node:
+            try:
+                self._evaluate(node)
+            except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError):
+                pass  # an input it cannot read: the outputs stay unknown
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _hold(self, name, array):
+        """Track a small constant's values: integers, or floats holding whole
+        numbers (TensorFlow computes some positions in float, e.g. a float Range)."""
+        if array.dtype.kind in "iu" or (
+            array.dtype.kind == "f"
+            and np.isfinite(array).all()
+            and (array == np.round(array)).all()
+        ):
+            self.value[name] = [Dim.of(v) for v in array.ravel()]
+
+    def vector(self, name):
+        """The dims a scalar or 1-D tensor holds, or None (values of higher
+        ranks are never read: their broadcasts and gathers differ)."""
+        shape = self.shape.get(name)
+        if shape is None or len(shape) > 1:
+            return None
+        return self.value.get(name)
+
+    def ints(self, name):
+        """The static ints a small scalar or 1-D tensor holds, or None."""
+        values = self.vector(name)
+        if values is None or any(v is None or v.static is None for v in values):
+            return None
+        return [v.static for v in values]
+
+    def _attribute(self, node, name, default=None):
+        found = [helper.get_attribute_value(a) for a in node.attribute if a.name == name]
+        return found[0] if found else default
+
+    def _axes(self, node, position=1):
+        if len(node.input) > position and node.input[position]:
+            return self.ints(node.input[position])
+        return self._attribute(node, "axes")
+
+    # -- the ops ---------------------------------------------------------------------
+
+    def _evaluate(self, node):
+        op, inputs = node.op_type, node.input
+        first = self.shape.get(inputs[0]) if inputs else None
+        out = None
+        if op in _SAME_AS_FIRST:
+            out = first
+            if op in ("Cast", "Identity") and inputs[0] in self.value:
+                self.value[node.output[0]] = self.value[inputs[0]]
+        elif op in _BROADCASTING:
+            out = _broadcast([self.shape.get(name) for name in inputs])
+            self._elementwise_value(node)
+        elif op == "Constant":
+            array = numpy_helper.to_array(self._attribute(node, "value"))
+            out = tuple(Dim.of(d) for d in array.shape)
+            if array.size <= _MAX_VALUE_ELEMENTS:
+                self._hold(node.output[0], array)
+        elif op == "Shape" and first is not None:
+            start, end = self._attribute(node, "start", 0), self._attribute(node, "end")
+            dims = list(first[start:end])
+            self.value[node.output[0]] = dims
+            out = (Dim.of(len(dims)),)
+        elif op == "Gather":
+            out = self._gather(node, first)
+        elif op in ("Unsqueeze", "Squeeze"):
+            out = self._squeeze(node, first, self._axes(node))
+        elif op == "Concat":
+            out = self._concat(node)
+        elif op == "Slice":
+            out = self._slice(node, first)
+        elif op == "Reshape":
+            out = self._reshape(node, first, self.vector(inputs[1]))
+        elif op == "Transpose" and first is not None:
+            perm = self._attribute(node, "perm") or list(reversed(range(len(first))))
+            out = tuple(first[axis] for axis in perm)
+        elif op in ("MatMul", "FusedMatMul"):
+            out = self._matmul(first, self.shape.get(inputs[1]))
+        elif op == "Gemm":
+            out = self._gemm(node, first, self.shape.get(inputs[1]))
+        elif op == "Expand":
+            target = self.vector(inputs[1])
+            out = None if target is None else _broadcast([first, tuple(target)])
+        elif op == "Tile":
+            repeats = self.vector(inputs[1])
+            if first is not None and repeats is not None:
+                out = tuple(
+                    None if d is None or r is None else d * r
+                    for d, r in zip(first, repeats, strict=True)
+                )
+        elif op == "Range":
+            start, limit, delta = (self.vector(name) for name in inputs)
+            if start == [Dim.of(0)] and delta == [ONE] and limit is not None:
+                out = (limit[0],)
+        elif op.startswith("Reduce"):
+            out = self._reduce(node, first)
+            values = self.vector(inputs[0])
+            if op == "ReduceProd" and values is not None and out == (ONE,):
+                self.value[node.output[0]] = [math.prod(values, start=ONE)]
+        elif op == "Split":
+            self._split(node, first)
+        elif op == "MultiHeadAttention":
+            value = self.shape.get(inputs[2])
+            if first is not None and value is not None and len(first) == len(value) == 3:
+                out = (first[0], first[1], value[2])
+        if out is not None and node.output:
+            self.shape[node.output[0]] = out
+
+    def _elementwise_value(self, node):
+        values = [self.vector(name) for name in node.input]
+        if node.op_type not in ("Mul", "Add", "Sub", "Div") or any(v is None for v in values):
+            return
+        a, b = values
+        if len(a) != len(b):
+            if len(a) == 1:
+                a = a * len(b)
+            elif len(b) == 1:
+                b = b * len(a)
+            else:
+                return
+        result = []
+        for x, y in zip(a, b, strict=True):
+            if node.op_type == "Mul":
+                result.append(x * y)
+            elif node.op_type == "Div":
+                result.append(x.divided_by(y) if y.static else None)
+            elif x.static is not None and y.static is not None:
+                result.append(
+                    Dim.of(x.static + y.static if node.op_type == "Add" else x.static - y.static)
+                )
+            else:
+                result.append(None)
+        self.value[node.output[0]] = result
+
+    def _gather(self, node, data):
+        indices = self.shape.get(node.input[1])
+        axis = self._attribute(node, "axis", 0)
+        values, picked = self.vector(node.input[0]), self.ints(node.input[1])
+        if values is not None and picked is not None:
+            self.value[node.output[0]] = [values[i] for i in picked]
+        if data is None or indices is None:
+            return None
+        axis %= len(data)
+        return data[:axis] + indices + data[axis + 1 :]
+
+    def _squeeze(self, node, first, axes):
+        if first is None:
+            return None
+        if node.input[0] in self.value:
+            self.value[node.output[0]] = self.value[node.input[0]]
+        if node.op_type == "Unsqueeze":
+            if axes is None:
+                return None
+            rank = len(first) + len(axes)
+            axes = {a % rank for a in axes}
+            rest = iter(first)
+            return tuple(ONE if axis in axes else next(rest) for axis in range(rank))
+        if axes is None:
+            return tuple(d for d in first if d != ONE) if None not in first else None
+        axes = {a % len(first) for a in axes}
+        return tuple(d for axis, d in enumerate(first) if axis not in axes)
+
+    def _concat(self, node):
+        shapes = [self.shape.get(name) for name in node.input]
+        values = [self.vector(name) for name in node.input]
+        if all(v is not None for v in values):
+            self.value[node.output[0]] = [v for value in values for v in value]
+        if any(s is None for s in shapes) or len({len(s) for s in shapes}) != 1:
+            return None
+        axis = self._attribute(node, "axis") % len(shapes[0])
+        sizes = [s[axis] for s in shapes]
+        total = None
+        if all(size is not None and size.static is not None for size in sizes):
+            total = Dim.of(sum(size.static for size in sizes))
+        out = list(_broadcast([s[:axis] + (ONE,) + s[axis + 1 :] for s in shapes]) or ())
+        if not out:
+            return None
+        out[axis] = total
+        return tuple(out)
+
+    def _slice(self, node, first):
+        starts, ends = self.ints(node.input[1]), self.ints(node.input[2])
+        axes = self.ints(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+        steps = self.ints(node.input[4]) if len(node.input) > 4 and node.input[4] else None
+        if first is None or starts is None or ends is None:
+            return None
+        axes = axes if axes is not None else list(range(len(starts)))
+        steps = steps if steps is not None else [1] * len(starts)
+        values = self.vector(node.input[0])
+        if values is not None and len(first) == 1 and steps == [1]:
+            start, end = starts[0], ends[0]
+            self.value[node.output[0]] = values[slice(start, min(end, len(values)))]
+        out = list(first)
+        for axis, start, end, step in zip(axes, starts, ends, steps, strict=True):
+            axis %= len(first)
+            dim = first[axis]
+            if start == 0 and end >= _TO_THE_END and step == 1:
+                continue
+            if dim is not None and dim.static is not None:
+                out[axis] = Dim.of(len(range(dim.static)[start:end:step]))
+            else:
+                out[axis] = None
+        return tuple(out)
+
+    def _reshape(self, node, first, target):
+        if target is None:
+            return None
+        copy = not self._attribute(node, "allowzero", 0)  # 0 copies the input's dim
+        out = list(target)
+        for i, d in enumerate(target):
+            if copy and d == Dim.of(0):
+                out[i] = first[i] if first is not None and i < len(first) else None
+        if Dim.of(-1) in out:
+            known = [d for d in out if d != Dim.of(-1)]
+            if first is None or None in first or None in known or out.count(Dim.of(-1)) != 1:
+                return None
+            total = Dim.of(1)
+            for d in first:
+                total = total * d
+            divisor = Dim.of(1)
+            for d in known:
+                divisor = divisor * d
+            out[out.index(Dim.of(-1))] = total.divided_by(divisor)
+        return tuple(out)
+
+    def _matmul(self, a, b):
+        if a is None or b is None or len(a) < 2 or len(b) < 2:
+            return None
+        batch = _broadcast([a[:-2], b[:-2]])
+        return None if batch is None else (*batch, a[-2], b[-1])
+
+    def _gemm(self, node, a, b):
+        if a is None or b is None or len(a) != 2 or len(b) != 2:
+            return None
+        rows = a[1] if self._attribute(node, "transA", 0) else a[0]
+        columns = b[0] if self._attribute(node, "transB", 0) else b[1]
+        return (rows, columns)
+
+    def _reduce(self, node, first):
+        if first is None:
+            return None
+        given = len(node.input) > 1 and node.input[1] or self._attribute(node, "axes")
+        axes = self._axes(node)
+        keep = self._attribute(node, "keepdims", 1)
+        if not given:  # every axis, unless told to do nothing
+            if self._attribute(node, "noop_with_empty_axes", 0):
+                return first
+            axes = range(len(first))
+        elif not axes:
+            return None
+        axes = {a % len(first) for a in axes}
+        if keep:
+            return tuple(ONE if axis in axes else d for axis, d in enumerate(first))
+        return tuple(d for axis, d in enumerate(first) if axis not in axes)
+
+    def _split(self, node, first):
+        if first is None:
+            return
+        axis = self._attribute(node, "axis", 0) % len(first)
+        sizes = self.ints(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+        if sizes is None:
+            sizes = self._attribute(node, "split")
+        if sizes is None and first[axis] is not None and first[axis].static is not None:
+            parts = len(node.output)
+            if first[axis].static % parts == 0:
+                sizes = [first[axis].static // parts] * parts
+        if sizes is None:
+            return
+        for name, size in zip(node.output, sizes, strict=True):
+            self.shape[name] = first[:axis] + (Dim.of(size),) + first[axis + 1 :]
+
+
+def symbolic_dims(graph) -> dict:
+    """{tensor name: tuple of `Dim` (None for a dim not proven) or None (rank unknown)}."""
+    return _Evaluation(graph).shape
+
+
+def share_equal_shapes(proto) -> int:
+    """Read one `Shape` for every set of tensors proven to share their dims.
+
+    Returns how many `Shape` nodes now read another's output instead (they are
+    left unread, for dead-node removal). Subgraphs are left alone.
+    """
+    evaluation = _Evaluation(proto.graph)
+    first, replaced = {}, {}
+    for node in proto.graph.node:
+        if node.op_type != "Shape":
+            continue
+        dims = evaluation.shape.get(node.input[0])
+        if dims is None or None in dims:
+            continue
+        key = (dims, tuple(sorted((a.name, a.i) for a in node.attribute)))
+        if key in first:
+            replaced[node.output[0]] = first[key]
+        else:
+            first[key] = node.output[0]
+    outputs = {value.name for value in proto.graph.output}
+    replaced = {old: new for old, new in replaced.items() if old not in outputs}
+    for node in proto.graph.node:
+        for position, name in enumerate(node.input):
+            if name in replaced:
+                node.input[position] = replaced[name]
+    return len(replaced)

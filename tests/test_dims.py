@@ -1,0 +1,277 @@
+"""`dims.share_equal_shapes`: one `Shape` for tensors proven to share their dims, exactly.
+
+Graphs are written by hand in the forms tf2onnx gives Keras' ops (the
+Tensordot reshapes of a `Dense`, a mask built from `Shape` of a hidden state);
+ONNX Runtime runs each before and after the rewrite. The evaluation may only
+under-claim: every case where two shapes could differ at run time must keep
+its own `Shape`.
+"""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from keras_layers.export.dims import Dim, share_equal_shapes, symbolic_dims
+from keras_layers.export.slimming import merge_common_subexpressions, remove_dead_nodes
+
+WIDTH = 8
+
+
+def const(name, values, dtype=np.int64):
+    return numpy_helper.from_array(np.array(values, dtype), name)
+
+
+def model(nodes, initializers, inputs, outputs):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def hidden(name, dims=("batch", "sequence", WIDTH)):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(dims))
+
+
+def dense(x, out, weight):
+    """tf2onnx's Tensordot of a Dense: to 2-D, MatMul, back to x's leading dims."""
+    return [
+        helper.make_node("Reshape", [x, "flat"], [f"{out}_2d"]),
+        helper.make_node("MatMul", [f"{out}_2d", weight], [f"{out}_mm"]),
+        helper.make_node("Shape", [x], [f"{out}_shape"]),
+        helper.make_node("Slice", [f"{out}_shape", "zero", "two"], [f"{out}_lead"]),
+        helper.make_node("Concat", [f"{out}_lead", "width"], [f"{out}_back"], axis=0),
+        helper.make_node("Reshape", [f"{out}_mm", f"{out}_back"], [out]),
+    ]
+
+
+def causal_mask(x, out):
+    """A layer's causal mask from `Shape` of its own input, as keras-hub builds it."""
+    return [
+        helper.make_node("Shape", [x], [f"{out}_shape"]),
+        helper.make_node("Gather", [f"{out}_shape", "one_scalar"], [f"{out}_length"]),
+        helper.make_node("Cast", [f"{out}_length"], [f"{out}_float"], to=TensorProto.FLOAT),
+        helper.make_node("Range", ["zero_f", f"{out}_float", "one_f"], [f"{out}_range"]),
+        helper.make_node("Unsqueeze", [f"{out}_range", "one"], [f"{out}_column"]),
+        helper.make_node("GreaterOrEqual", [f"{out}_column", f"{out}_range"], [f"{out}_bool"]),
+        helper.make_node("Cast", [f"{out}_bool"], [out], to=TensorProto.FLOAT),
+    ]
+
+
+CONSTANTS = [
+    const("flat", [-1, WIDTH]),
+    const("zero", [0]),
+    const("one", [1]),
+    const("two", [2]),
+    const("width", [WIDTH]),
+    const("one_scalar", 1),
+    const("zero_f", 0.0, np.float32),
+    const("one_f", 1.0, np.float32),
+    numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((WIDTH, WIDTH)).astype("float32"), "w"
+    ),
+]
+
+
+def two_layers():
+    """x -> residual Dense -> x1; each layer's mask from its own input; both masks summed."""
+    nodes = dense("x", "y0", "w") + [helper.make_node("Add", ["x", "y0"], ["x1"])]
+    nodes += causal_mask("x", "m0") + causal_mask("x1", "m1")
+    nodes += [
+        helper.make_node("Add", ["m0", "m1"], ["masks"]),
+        helper.make_node("ReduceSum", ["x1"], ["total"], keepdims=0),
+        helper.make_node("Mul", ["masks", "total"], ["out"]),
+    ]
+    output = helper.make_tensor_value_info("out", TensorProto.FLOAT, None)
+    return model(nodes, list(CONSTANTS), [hidden("x")], [output])
+
+
+def run(proto, feeds):
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(proto.SerializeToString(), options)
+    return session.run(None, feeds)
+
+
+def test_the_residual_streams_shape_is_proven_through_the_dense_reshapes():
+    dims = symbolic_dims(two_layers().graph)
+    batch, sequence = Dim.symbol("batch"), Dim.symbol("sequence")
+    assert dims["y0_2d"] == (batch * sequence, Dim.of(WIDTH))
+    assert dims["x1"] == (batch, sequence, Dim.of(WIDTH))
+    assert dims["m1_range"] == (sequence,)
+
+
+def test_each_layers_mask_becomes_one_copy_and_computes_the_same():
+    proto = two_layers()
+    rng = np.random.default_rng(1)
+    for shape in [(1, 1, WIDTH), (2, 5, WIDTH), (3, 17, WIDTH)]:
+        feeds = {"x": rng.standard_normal(shape).astype("float32")}
+        before = run(proto, feeds)
+        rewritten = onnx.ModelProto()
+        rewritten.CopyFrom(proto)
+        assert share_equal_shapes(rewritten) == 2  # the Dense's and the mask's Shape(x1)
+        merged = merge_common_subexpressions(rewritten)
+        remove_dead_nodes(rewritten)
+        # The second mask's six nodes, now reading the first's Shape, and the
+        # first mask's Shape(x), the same node as the Dense's.
+        assert merged == 7
+        ops = [node.op_type for node in rewritten.graph.node]
+        assert ops.count("Range") == 1 and ops.count("Shape") == 1
+        np.testing.assert_array_equal(run(rewritten, feeds)[0], before[0])
+
+
+def shapes_of(first_dims, second_dims, between):
+    """Shape(a) and Shape(b) for inputs of the given dims, with `between` nodes making b from a."""
+    inputs = [hidden("a", first_dims)]
+    if second_dims is not None:
+        inputs.append(hidden("b", second_dims))
+    nodes = between + [
+        helper.make_node("Shape", ["a"], ["sa"]),
+        helper.make_node("Shape", ["b"], ["sb"]),
+        helper.make_node("Concat", ["sa", "sb"], ["out"], axis=0),
+    ]
+    output = helper.make_tensor_value_info("out", TensorProto.INT64, None)
+    return model(nodes, list(CONSTANTS), inputs, [output])
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "between"),
+    [
+        # Two inputs whose axes are named apart, or not named at all.
+        (("batch", "sequence"), ("batch", "decoder_sequence"), []),
+        ((None, None), (None, None), []),
+        # A broadcast between two different symbols could be either.
+        (("batch", "sequence"), None, [helper.make_node("Add", ["a", "c"], ["b"])]),
+        # A slice of part of a dynamic axis.
+        (
+            ("batch", "sequence"),
+            None,
+            [helper.make_node("Slice", ["a", "one", "two", "one"], ["b"])],
+        ),
+        # An op it does not know.
+        (("batch", "sequence"), None, [helper.make_node("Relu6Unknown", ["a"], ["b"])]),
+        # A Reshape to a shape it cannot read.
+        (("batch", "sequence"), None, [helper.make_node("Reshape", ["a", "c_shape"], ["b"])]),
+    ],
+)
+def test_shapes_that_may_differ_are_not_shared(first, second, between):
+    inputs_c = [hidden("c", ("batch", "other")), hidden("c_shape_in", ("n",))]
+    proto = shapes_of(first, second, between)
+    proto.graph.input.extend(inputs_c)
+    proto.graph.node.insert(0, helper.make_node("Cast", ["c_shape_in"], ["c_shape"], to=7))
+    assert share_equal_shapes(proto) == 0
+
+
+@pytest.mark.parametrize(
+    ("other", "expected"),
+    [
+        ((1, 1), ("batch", "sequence")),
+        ((1, 4), ("batch", 4)),
+        (("batch", "sequence"), ("batch", "sequence")),
+    ],
+)
+def test_broadcasting_keeps_what_it_proves(other, expected):
+    proto = shapes_of(("batch", "sequence"), None, [helper.make_node("Add", ["a", "c"], ["b"])])
+    proto.graph.input.append(hidden("c", other))
+    dims = symbolic_dims(proto.graph)
+    assert dims["b"] == tuple(Dim.of(d) if isinstance(d, int) else Dim.symbol(d) for d in expected)
+
+
+def test_random_ops_and_graph_outputs_are_never_merged():
+    nodes = [
+        helper.make_node("RandomNormalLike", ["a"], ["r0"]),
+        helper.make_node("RandomNormalLike", ["a"], ["r1"]),
+        helper.make_node("Neg", ["a"], ["n0"]),
+        helper.make_node("Neg", ["a"], ["n1"]),
+        helper.make_node("Sub", ["r0", "r1"], ["out"]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("out", "n0", "n1")
+    ]
+    proto = model(nodes, [], [hidden("a", ("batch", "sequence"))], outputs)
+    assert merge_common_subexpressions(proto) == 0
+    assert [node.input[0] for node in proto.graph.node][-1] == "r0"
+
+
+def test_a_merged_value_read_inside_a_subgraph_is_renamed_there_too():
+    branch = helper.make_graph(
+        [helper.make_node("Identity", ["n1"], ["branch_out"])],
+        "branch",
+        [],
+        [helper.make_tensor_value_info("branch_out", TensorProto.FLOAT, None)],
+    )
+    nodes = [
+        helper.make_node("Neg", ["a"], ["n0"]),
+        helper.make_node("Neg", ["a"], ["n1"]),
+        helper.make_node("If", ["flag"], ["out"], then_branch=branch, else_branch=branch),
+    ]
+    inputs = [
+        hidden("a", ("batch", "sequence")),
+        helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+    ]
+    output = helper.make_tensor_value_info("out", TensorProto.FLOAT, None)
+    proto = model(nodes, [], inputs, [output])
+    feeds = {"a": np.arange(6, dtype="float32").reshape(2, 3), "flag": np.array(True)}
+    before = run(proto, feeds)
+    assert merge_common_subexpressions(proto) == 1
+    remove_dead_nodes(proto)
+    assert [node.op_type for node in proto.graph.node].count("Neg") == 1
+    np.testing.assert_array_equal(run(proto, feeds)[0], before[0])
+
+
+def _every_tensor_an_output(proto):
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(proto)
+    outputs = {value.name for value in exposed.graph.output}
+    extra = [name for node in exposed.graph.node for name in node.output if name not in outputs]
+    exposed.graph.output.extend(helper.make_value_info(name, onnx.TypeProto()) for name in extra)
+    return exposed
+
+
+def _keras_hub_model(kind):
+    import keras
+    import keras_hub
+
+    keras.utils.set_random_seed(0)
+    sizes = {"vocabulary_size": 100, "num_layers": 2, "hidden_dim": 16, "intermediate_dim": 32}
+    if kind == "bart":
+        return keras_hub.models.BartBackbone(num_heads=2, max_sequence_length=64, **sizes)
+    return keras_hub.models.LlamaBackbone(num_query_heads=4, num_key_value_heads=2, **sizes)
+
+
+@pytest.mark.tensorflow_only
+@pytest.mark.parametrize("kind", ["bart", "llama"])
+def test_every_claimed_dim_is_the_run_time_dim_on_keras_hub_models(tmp_path, kind):
+    """The evaluation's claims against ONNX Runtime's actual shapes, on every
+    tensor of an exported keras-hub model, with the encoder and decoder lengths
+    apart (the claims are read with batch 3, sequence 7, decoder_sequence 5)."""
+    from keras_layers.export import export_model
+
+    path = tmp_path / f"{kind}.onnx"
+    report = export_model(_keras_hub_model(kind), path, shapes=[(2, 6), "padded"])
+    if kind == "llama":  # each decoder layer's mask and rotary tables
+        assert report["graph"]["shapes_shared"] > 0
+    proto = onnx.load(path)
+    claimed = symbolic_dims(proto.graph)
+    session = ort.InferenceSession(_every_tensor_an_output(proto).SerializeToString())
+    sizes = {"batch": 3, "sequence": 7, "decoder_sequence": 5}
+    feeds = {
+        value.name: np.ones((3, sizes[value.shape[1]]), "int32") for value in session.get_inputs()
+    }
+    names = [value.name for value in session.get_outputs()]
+    actual = dict(zip(names, session.run(None, feeds), strict=True))
+
+    def size(dim):
+        count, symbols = dim
+        return count * int(np.prod([sizes[symbol] for symbol in symbols]))
+
+    checked = 0
+    for name, dims in claimed.items():
+        if name not in actual or dims is None:
+            continue
+        got = np.shape(actual[name])
+        assert len(dims) == len(got), name
+        for dim, length in zip(dims, got, strict=True):
+            if dim is not None:
+                assert size(dim) == length, (name, dims, got)
+                checked += 1
+    assert checked > 100  # much of the graph is claimed, not just its inputs
