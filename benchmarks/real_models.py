@@ -620,7 +620,6 @@ def main(argv=None):
     models = QUICK_MODELS if args.quick else MODELS
     shapes = QUICK_SHAPES if args.quick else SHAPES
     max_length = max(length for _, length, _ in shapes)
-    work = Path(tempfile.mkdtemp(prefix="real_models_"))
     report = {
         **run_header("real_models.py", args.quick),
         "versions": {
@@ -633,25 +632,27 @@ def main(argv=None):
         "models": {},
     }
     for kind, config in models.items():
-        files, seconds, keras_vs_torch = build_files(kind, config, max_length, work)
-        latency, differences = time_model(kind, config, files, shapes)
-        report["models"][kind] = {
-            "config": config,
-            "pytorch_vs_keras_max_abs": keras_vs_torch,
-            "files": {
-                name: {
-                    "nodes": sum(op_counts(path).values()),
-                    "fused": fused(op_counts(path)),
-                    "export_seconds": seconds[name],
-                    "max_abs_vs_pytorch_file": differences[name],
-                }
-                for name, path in files.items()
-            },
-            "ort_optimizer_adds_to_ours": left_to_fuse(files["ours"], kind, config),
-            "latency": latency,
-            "ratios": ratios(latency),
-            "cost_per_flop_vs_shortest": cost_per_flop(latency),
-        }
+        # The files (tens of MB each) go with the model's folder.
+        with tempfile.TemporaryDirectory(prefix=f"real_models_{kind}_") as folder:
+            files, seconds, keras_vs_torch = build_files(kind, config, max_length, Path(folder))
+            latency, differences = time_model(kind, config, files, shapes)
+            report["models"][kind] = {
+                "config": config,
+                "pytorch_vs_keras_max_abs": keras_vs_torch,
+                "files": {
+                    name: {
+                        "nodes": sum(op_counts(path).values()),
+                        "fused": fused(op_counts(path)),
+                        "export_seconds": seconds[name],
+                        "max_abs_vs_pytorch_file": differences[name],
+                    }
+                    for name, path in files.items()
+                },
+                "ort_optimizer_adds_to_ours": left_to_fuse(files["ours"], kind, config),
+                "latency": latency,
+                "ratios": ratios(latency),
+                "cost_per_flop_vs_shortest": cost_per_flop(latency),
+            }
     width = models["bert"]["width"]
     skip_shapes = [(batch, length) for batch, length, _ in shapes]
     report["skip_norms"] = {

@@ -92,12 +92,23 @@ def run(proto, feeds):
     return session.run(None, feeds)
 
 
+POSITIVE = {"batch", "sequence"}  # as the pipeline passes them for a forward export
+
+
 def test_the_residual_streams_shape_is_proven_through_the_dense_reshapes():
-    dims = symbolic_dims(two_layers().graph)
+    dims = symbolic_dims(two_layers().graph, POSITIVE)
     batch, sequence = Dim.symbol("batch"), Dim.symbol("sequence")
     assert dims["y0_2d"] == (batch * sequence, Dim.of(WIDTH))
     assert dims["x1"] == (batch, sequence, Dim.of(WIDTH))
     assert dims["m1_range"] == (sequence,)
+
+
+def test_an_axis_that_may_be_empty_is_not_claimed_through_a_reshape_back():
+    """Reshape copies the input's dim where its target holds 0: with sequence
+    possibly 0, reshaping (batch*sequence, 8) back to (batch, sequence, 8)
+    proves batch (0 with it) but not sequence."""
+    dims = symbolic_dims(two_layers().graph, {"batch"})
+    assert dims["y0"] == (Dim.symbol("batch"), None, Dim.of(WIDTH))
 
 
 def test_each_layers_mask_becomes_one_copy_and_computes_the_same():
@@ -108,7 +119,7 @@ def test_each_layers_mask_becomes_one_copy_and_computes_the_same():
         before = run(proto, feeds)
         rewritten = onnx.ModelProto()
         rewritten.CopyFrom(proto)
-        assert share_equal_shapes(rewritten) == 2  # the Dense's and the mask's Shape(x1)
+        assert share_equal_shapes(rewritten, POSITIVE) == 2  # the Dense's and the mask's Shape(x1)
         merged = merge_common_subexpressions(rewritten)
         remove_dead_nodes(rewritten)
         # The second mask's six nodes, now reading the first's Shape, and the
@@ -275,3 +286,152 @@ def test_every_claimed_dim_is_the_run_time_dim_on_keras_hub_models(tmp_path, kin
                 assert size(dim) == length, (name, dims, got)
                 checked += 1
     assert checked > 100  # much of the graph is claimed, not just its inputs
+
+
+def _int(name, values):
+    return const(name, values)
+
+
+def _float_in(name, dims):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+
+
+def _int_in(name, dims):
+    return helper.make_tensor_value_info(name, TensorProto.INT64, dims)
+
+
+def _claim_case(nodes, inputs, initializers, feeds, opsets=()):
+    graph = helper.make_graph(
+        nodes, "g", inputs, [helper.make_value_info("y", onnx.TypeProto())], initializers
+    )
+    opset_imports = [helper.make_opsetid("", 18), *opsets]
+    return helper.make_model(graph, opset_imports=opset_imports), feeds
+
+
+def _zeros(*shape):
+    return np.zeros(shape, "float32")
+
+
+MICROSOFT = [helper.make_opsetid("com.microsoft", 1)]
+# Graphs where a careless evaluation claims a dim the run does not have, each
+# with a feed that shows it (found by review: squeezes of symbols that are 1,
+# optional inputs read as absent, backward slices, narrowing casts, FusedMatMul's
+# transposes, inputs without a shape, overridable initializers, negative ranges,
+# a Reshape target that is 0 at run time).
+CLAIM_CASES = {
+    "squeeze of a symbol that is 1": _claim_case(
+        [helper.make_node("Squeeze", ["x"], ["y"])],
+        [_float_in("x", ["batch", 3])],
+        [],
+        {"x": _zeros(1, 3)},
+    ),
+    "slice axes given at run time": _claim_case(
+        [helper.make_node("Slice", ["x", "s", "e", "axes"], ["y"])],
+        [_float_in("x", ["a", 5]), _int_in("axes", [1])],
+        [_int("s", [0]), _int("e", [2])],
+        {"x": _zeros(4, 5), "axes": np.array([1])},
+    ),
+    "squeeze axes given at run time": _claim_case(
+        [helper.make_node("Squeeze", ["x", "axes"], ["y"])],
+        [_float_in("x", [1, 1, 3]), _int_in("axes", [1])],
+        [],
+        {"x": _zeros(1, 1, 3), "axes": np.array([0])},
+    ),
+    "split sizes given at run time": _claim_case(
+        [helper.make_node("Split", ["x", "sizes"], ["y", "z"])],
+        [_float_in("x", [10]), _int_in("sizes", [2])],
+        [],
+        {"x": _zeros(10), "sizes": np.array([3, 7])},
+    ),
+    "backward slice": _claim_case(
+        [helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"])],
+        [_float_in("x", [5])],
+        [_int("s", [-10]), _int("e", [-(2**63)]), _int("a", [0]), _int("st", [-1])],
+        {"x": _zeros(5)},
+    ),
+    "cast to uint8": _claim_case(
+        [
+            helper.make_node("Cast", ["v"], ["b"], to=TensorProto.UINT8),
+            helper.make_node("Cast", ["b"], ["i"], to=TensorProto.INT64),
+            helper.make_node("Reshape", ["x", "i"], ["y"]),
+        ],
+        [_float_in("x", [44])],
+        [_int("v", [300])],
+        {"x": _zeros(44)},
+    ),
+    "FusedMatMul with transB": _claim_case(
+        [helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft", transB=1)],
+        [_float_in("a", [2, 3]), _float_in("b", [4, 3])],
+        [],
+        {"a": _zeros(2, 3), "b": _zeros(4, 3)},
+        MICROSOFT,
+    ),
+    "input without a shape": _claim_case(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [],
+        {"x": _zeros(2, 3)},
+    ),
+    "initializer fed anew": _claim_case(
+        [helper.make_node("Reshape", ["x", "t"], ["y"])],
+        [_float_in("x", [6]), _int_in("t", [2])],
+        [_int("t", [2, 3])],
+        {"x": _zeros(6), "t": np.array([3, 2])},
+    ),
+    "range to a negative limit": _claim_case(
+        [
+            helper.make_node("Sub", ["p", "q"], ["limit"]),
+            helper.make_node("Range", ["zero_scalar", "limit", "one_scalar"], ["y"]),
+        ],
+        [],
+        [_int("p", 2), _int("q", 5), _int("zero_scalar", 0), _int("one_scalar", 1)],
+        {},
+    ),
+    "reshape target 0 at run time": _claim_case(
+        [
+            helper.make_node("Shape", ["w"], ["sw"]),
+            helper.make_node("Concat", ["sw", "minus_one"], ["t"], axis=0),
+            helper.make_node("Reshape", ["x", "t"], ["y"]),
+        ],
+        [_float_in("x", [3, 4]), _float_in("w", ["n"])],
+        [_int("minus_one", [-1])],
+        {"x": _zeros(3, 4), "w": _zeros(0)},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CLAIM_CASES))
+def test_no_dim_is_claimed_that_the_run_does_not_have(case):
+    proto, feeds = CLAIM_CASES[case]
+    claimed = symbolic_dims(proto.graph).get("y")
+    actual = run(proto, feeds)[0].shape
+    if claimed is not None:
+        sizes = {"batch": 1, "a": 4, "n": 0}
+        assert len(claimed) == len(actual)
+        for dim, length in zip(claimed, actual, strict=True):
+            if dim is not None:
+                count, symbols = dim
+                assert count * int(np.prod([sizes[s] for s in symbols])) == length, claimed
+
+
+def test_a_merge_never_renames_an_omitted_output():
+    """Two LayerNorms alike but for which optional outputs they make: never one."""
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "g"], ["y1", "", "inverse"]),
+        helper.make_node("LayerNormalization", ["x", "g"], ["y2", "", ""]),
+        helper.make_node("Clip", ["x", "", "top"], ["clipped"]),
+        helper.make_node("Add", ["y1", "y2"], ["s"]),
+        helper.make_node("Add", ["s", "clipped"], ["t"]),
+        helper.make_node("Add", ["t", "inverse"], ["out"]),
+    ]
+    initializers = [
+        numpy_helper.from_array(np.ones(3, "float32"), "g"),
+        numpy_helper.from_array(np.float32(0.5), "top"),
+    ]
+    output = helper.make_tensor_value_info("out", TensorProto.FLOAT, None)
+    proto = model(nodes, initializers, [hidden("x", (2, 3))], [output])
+    feeds = {"x": np.arange(6, dtype="float32").reshape(2, 3)}
+    before = run(proto, feeds)
+    assert merge_common_subexpressions(proto) == 0
+    assert [node.input[1] for node in proto.graph.node if node.op_type == "Clip"] == [""]
+    np.testing.assert_array_equal(run(proto, feeds)[0], before[0])

@@ -11,6 +11,8 @@ initial values, as a trained checkpoint has them: onnxslim folds a zero bias
 away, which would hide the bias fusions.
 """
 
+import json
+
 import keras
 import numpy as np
 import onnx
@@ -325,3 +327,25 @@ def test_a_layer_norm_over_another_axis_is_no_skip_layer_norm():
     assert fusions.fuse_gelus(proto, declined, skip_norms=True)["SkipLayerNormalization"] == 0
     assert proto.SerializeToString() == before
     assert ("y", "LayerNormalization: normalises an axis other than the last") in declined
+
+
+def test_the_report_and_verbose_say_why_a_softmax_was_not_fused(tmp_path, capsys):
+    """A classifier's softmax (its output) is no attention: the report counts
+    it with the reason, and `--verbose` prints it."""
+    from keras_layers.export.cli import main
+
+    keras.utils.set_random_seed(0)
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    hidden = keras.layers.Embedding(VOCAB, 8)(ids)
+    probabilities = keras.layers.Softmax(name="probabilities")(keras.layers.Dense(3)(hidden))
+    path = tmp_path / "classifier.keras"
+    keras.Model(ids, probabilities).save(path)
+
+    output = ["-o", str(tmp_path / "c.onnx")]
+    assert main([str(path), *output, "--shapes", "1x4", "--verbose"]) == 0
+
+    report = json.loads((tmp_path / "c.report.json").read_text())
+    reason = "the probabilities are a model output or read by more than one node"
+    assert report["graph"]["declined"]["MultiHeadAttention"] == {reason: 1}
+    printed = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert f"not fused (MultiHeadAttention) x1: {reason}" in printed

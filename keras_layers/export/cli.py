@@ -339,6 +339,10 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
                     f"[green]int8[/]: {escape(report['int8']['onnx_path'])} "
                     f"({int8_summary(report['int8'])})"
                 )
+            if args.verbose:
+                for fusion, reasons in report["graph"]["declined"].items():
+                    for reason, count in reasons.items():
+                        console.print(f"not fused ({fusion}) x{count}: {escape(reason)}")
         if args.unsafe:
             err.print("[yellow]warning:[/] loaded with --unsafe (Lambda code allowed)")
         return EXIT_OK

@@ -10,24 +10,31 @@ reshapes), and ONNX Runtime's symbolic inference stops at keras-hub's
 `min(1e9, sequence)` unless told to merge dims it cannot prove equal.
 
 `share_equal_shapes` proves it instead, with a small symbolic evaluation:
-every dim of a graph input is a symbol of its own (two inputs' dims are never
-assumed equal, whatever their names), and each op's output dims follow from
-its inputs' dims and, for the small integer tensors that shapes travel in,
-their values. A dim is an integer times a product of symbols, so the Tensordot
-`Reshape(x, [-1, K])` of a (batch, sequence, K) tensor is (batch*sequence, K)
-and reshaping it back gives the symbols back. Ops it does not know, and
-broadcasts between two different symbols, give unknown dims: the analysis
-only ever under-claims. Given a run that does not fail, two tensors it gives
-the same fully known dims have the same shape at run time, so their `Shape`
-nodes are one value: each later one is replaced by the first, and the copies
-downstream become identical and are merged by common-subexpression
-elimination (onnxslim's, or ONNX Runtime's at load).
+every dim of a graph input is the symbol its `dim_param` names (the pipeline
+names the axes by what they are: every input's first axis is `batch`, and
+inputs share `sequence` unless they are a decoder's; the validation grid feeds
+them so), an unnamed one a symbol of its own; each op's output dims follow
+from its inputs' dims and, for the small integer tensors that shapes travel
+in, their values. A dim is an integer times a product of symbols, so the
+Tensordot `Reshape(x, [-1, K])` of a (batch, sequence, K) tensor is
+(batch*sequence, K) and reshaping it back gives the symbols back. Ops it does
+not know, ops outside the ONNX domain other than the few of ONNX Runtime's it
+reads, optional inputs whose values it cannot read, and broadcasts between two
+different symbols give unknown dims: the analysis only ever under-claims.
+Axes the caller names `positive` are taken to be at least 1 (ONNX's Reshape
+copies the input's dim where the target holds 0, so a target size that could
+be 0 proves less); the others may be 0. Given a run that does not fail, two
+tensors given the same fully known dims have the same shape at run time, so
+their `Shape` nodes are one value: each later one is replaced by the first,
+and the copies downstream become identical and are merged by
+`slimming.merge_common_subexpressions`.
 """
 
 import math
 from collections import Counter
 
 import numpy as np
+import onnx
 from onnx import helper, numpy_helper
 
 # A Slice end from here up means "to the end": Keras slices with 1e9 for it
@@ -58,6 +65,8 @@ class Dim(tuple):
         return self[0] if not self[1] else None
 
     def __mul__(self, other):
+        if self[0] * other[0] == 0:
+            return Dim.of(0)
         return Dim((self[0] * other[0], tuple(sorted(self[1] + other[1]))))
 
     def divided_by(self, other):
@@ -106,6 +115,9 @@ _SAME_AS_FIRST = {
     "Sign", "SimplifiedLayerNormalization", "Sin", "Softmax", "Softplus", "Softsign", "Sqrt",
     "Tanh", "Trilu", "CumSum", "Dropout",
 }  # fmt: skip
+# ONNX Runtime's own ops this evaluation reads (the fusions write them); any
+# other op outside the ONNX domain is unknown, whatever its name.
+_CONTRIB = {"BiasGelu", "FastGelu", "Gelu", "QuickGelu", "MultiHeadAttention", "FusedMatMul"}
 _BROADCASTING = {
     "Add", "And", "BitShift", "Div", "Equal", "Greater", "GreaterOrEqual", "Less",
     "LessOrEqual", "Max", "Min", "Mod", "Mul", "Or", "Pow", "PRelu", "Sub", "Sum", "Where", "Xor",
@@ -115,29 +127,43 @@ _BROADCASTING = {
 class _Evaluation:
     """Dims of every tensor, and values of small integer ones, in graph order."""
 
-    def __init__(self, graph):
+    def __init__(self, graph, positive=frozenset()):
         self.shape, self.value = {}, {}
+        self.positive = set(positive)
+        fed = {value.name for value in graph.input}
         for init in graph.initializer:
+            if init.name in fed:  # a default the caller may override
+                continue
             self.shape[init.name] = tuple(Dim.of(d) for d in init.dims)
-            if math.prod(init.dims) <= _MAX_VALUE_ELEMENTS:
+            external = init.data_location == onnx.TensorProto.EXTERNAL
+            if math.prod(init.dims) <= _MAX_VALUE_ELEMENTS and not external:
                 self._hold(init.name, numpy_helper.to_array(init))
         for value in graph.input:
-            if value.name in self.shape:
-                continue
-            dims = value.type.tensor_type.shape.dim
+            tensor = value.type.tensor_type
+            if not value.type.HasField("tensor_type") or not tensor.HasField("shape"):
+                continue  # no shape declared: unknown, not a scalar
+            # An unnamed axis gets a name no dim_param can have (":" is not
+            # allowed in one made by this package, and the input's name is unique).
             self.shape[value.name] = tuple(
                 Dim.of(d.dim_value)
                 if d.HasField("dim_value")
-                else Dim.symbol(d.dim_param or f"{value.name}:{axis}")
-                for axis, d in enumerate(dims)
+                else Dim.symbol(d.dim_param or f"\0{value.name}:{axis}")
+                for axis, d in enumerate(tensor.shape.dim)
             )
         for node in graph.node:
             try:
                 self._evaluate(node)
-            except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError):
+            except (AttributeError, IndexError, KeyError, TypeError, ValueError, ZeroDivisionError):
                 pass  # an input it cannot read: the outputs stay unknown
 
     # -- helpers ----------------------------------------------------------------
+
+    def never_zero(self, dim):
+        """Whether `dim` cannot be 0: static and nonzero, or a product of
+        axes the caller says are at least 1."""
+        if dim.static is not None:
+            return dim.static != 0
+        return set(dim[1]) <= self.positive
 
     def _hold(self, name, array):
         """Track a small constant's values: integers, or floats holding whole
@@ -168,26 +194,69 @@ class _Evaluation:
         found = [helper.get_attribute_value(a) for a in node.attribute if a.name == name]
         return found[0] if found else default
 
-    def _axes(self, node, position=1):
+    def _optional(self, node, position, attribute=None):
+        """(given, ints): whether input `position` (or, when that input is
+        absent, `attribute`) is given, and its static ints (None if they
+        cannot be read: the caller must then claim nothing)."""
         if len(node.input) > position and node.input[position]:
-            return self.ints(node.input[position])
-        return self._attribute(node, "axes")
+            return True, self.ints(node.input[position])
+        found = self._attribute(node, attribute) if attribute else None
+        return found is not None, None if found is None else list(found)
+
+    def _cast_keeps(self, node):
+        """Whether a Cast keeps every tracked value as it is: to a 32- or
+        64-bit integer or a float wide enough for any size (sizes stay far
+        below 2**24; a static value is checked)."""
+        limits = {
+            onnx.TensorProto.INT64: 2**63,
+            onnx.TensorProto.INT32: 2**31,
+            onnx.TensorProto.FLOAT: 2**24,
+            onnx.TensorProto.DOUBLE: 2**53,
+        }
+        limit = limits.get(self._attribute(node, "to"))
+        values = self.value.get(node.input[0]) or []
+        return limit is not None and all(
+            v is not None and (v.static is None or abs(v.static) < limit) for v in values
+        )
+
+    def _constant(self, node):
+        """A Constant node's value as an array (any of its attribute forms)."""
+        attribute = node.attribute[0]
+        if attribute.name in ("value", "sparse_value"):
+            if attribute.name == "sparse_value":
+                raise ValueError("a sparse constant")
+            return numpy_helper.to_array(attribute.t)
+        value = helper.get_attribute_value(attribute)
+        if isinstance(value, bytes | list) and value and isinstance(value[0], bytes):
+            raise ValueError("a string constant")
+        return np.array(value)
+
+    def _transposes(self, node):
+        names = ("transA", "transB", "transBatchA", "transBatchB")
+        return any(self._attribute(node, name, 0) for name in names)
 
     # -- the ops ---------------------------------------------------------------------
 
     def _evaluate(self, node):
         op, inputs = node.op_type, node.input
-        first = self.shape.get(inputs[0]) if inputs else None
+        if node.domain not in ("", "ai.onnx") and not (
+            node.domain == "com.microsoft" and op in _CONTRIB
+        ):
+            return
+        if not node.output or not node.output[0]:
+            return
+        first = self.shape.get(inputs[0]) if inputs and inputs[0] else None
         out = None
         if op in _SAME_AS_FIRST:
             out = first
-            if op in ("Cast", "Identity") and inputs[0] in self.value:
-                self.value[node.output[0]] = self.value[inputs[0]]
+            if op == "Identity" or (op == "Cast" and self._cast_keeps(node)):
+                if inputs[0] in self.value:
+                    self.value[node.output[0]] = self.value[inputs[0]]
         elif op in _BROADCASTING:
             out = _broadcast([self.shape.get(name) for name in inputs])
             self._elementwise_value(node)
         elif op == "Constant":
-            array = numpy_helper.to_array(self._attribute(node, "value"))
+            array = self._constant(node)
             out = tuple(Dim.of(d) for d in array.shape)
             if array.size <= _MAX_VALUE_ELEMENTS:
                 self._hold(node.output[0], array)
@@ -199,7 +268,7 @@ class _Evaluation:
         elif op == "Gather":
             out = self._gather(node, first)
         elif op in ("Unsqueeze", "Squeeze"):
-            out = self._squeeze(node, first, self._axes(node))
+            out = self._squeeze(node, first, *self._optional(node, 1, "axes"))
         elif op == "Concat":
             out = self._concat(node)
         elif op == "Slice":
@@ -209,7 +278,7 @@ class _Evaluation:
         elif op == "Transpose" and first is not None:
             perm = self._attribute(node, "perm") or list(reversed(range(len(first))))
             out = tuple(first[axis] for axis in perm)
-        elif op in ("MatMul", "FusedMatMul"):
+        elif op == "MatMul" or (op == "FusedMatMul" and not self._transposes(node)):
             out = self._matmul(first, self.shape.get(inputs[1]))
         elif op == "Gemm":
             out = self._gemm(node, first, self.shape.get(inputs[1]))
@@ -225,8 +294,12 @@ class _Evaluation:
                 )
         elif op == "Range":
             start, limit, delta = (self.vector(name) for name in inputs)
-            if start == [Dim.of(0)] and delta == [ONE] and limit is not None:
-                out = (limit[0],)
+            if start == [Dim.of(0)] and delta == [ONE] and limit is not None and limit[0]:
+                (limit,) = limit
+                if limit.static is not None:
+                    out = (Dim.of(max(0, limit.static)),)
+                elif limit[0] > 0:  # sizes are never negative
+                    out = (limit,)
         elif op.startswith("Reduce"):
             out = self._reduce(node, first)
             values = self.vector(inputs[0])
@@ -255,7 +328,9 @@ class _Evaluation:
                 return
         result = []
         for x, y in zip(a, b, strict=True):
-            if node.op_type == "Mul":
+            if x is None or y is None:
+                result.append(None)
+            elif node.op_type == "Mul":
                 result.append(x * y)
             elif node.op_type == "Div":
                 result.append(x.divided_by(y) if y.static else None)
@@ -278,8 +353,8 @@ class _Evaluation:
         axis %= len(data)
         return data[:axis] + indices + data[axis + 1 :]
 
-    def _squeeze(self, node, first, axes):
-        if first is None:
+    def _squeeze(self, node, first, given, axes):
+        if first is None or (given and axes is None):
             return None
         if node.input[0] in self.value:
             self.value[node.output[0]] = self.value[node.input[0]]
@@ -290,8 +365,10 @@ class _Evaluation:
             axes = {a % rank for a in axes}
             rest = iter(first)
             return tuple(ONE if axis in axes else next(rest) for axis in range(rank))
-        if axes is None:
-            return tuple(d for d in first if d != ONE) if None not in first else None
+        if axes is None:  # every axis of size 1: only static sizes say which
+            if any(d is None or d.static is None for d in first):
+                return None
+            return tuple(d for d in first if d != ONE)
         axes = {a % len(first) for a in axes}
         return tuple(d for axis, d in enumerate(first) if axis not in axes)
 
@@ -315,12 +392,16 @@ class _Evaluation:
 
     def _slice(self, node, first):
         starts, ends = self.ints(node.input[1]), self.ints(node.input[2])
-        axes = self.ints(node.input[3]) if len(node.input) > 3 and node.input[3] else None
-        steps = self.ints(node.input[4]) if len(node.input) > 4 and node.input[4] else None
+        has_axes, axes = self._optional(node, 3)
+        has_steps, steps = self._optional(node, 4)
         if first is None or starts is None or ends is None:
+            return None
+        if (has_axes and axes is None) or (has_steps and steps is None):
             return None
         axes = axes if axes is not None else list(range(len(starts)))
         steps = steps if steps is not None else [1] * len(starts)
+        if any(step <= 0 for step in steps):
+            return None  # ONNX clamps a backward slice's start unlike Python
         values = self.vector(node.input[0])
         if values is not None and len(first) == 1 and steps == [1]:
             start, end = starts[0], ends[0]
@@ -343,8 +424,16 @@ class _Evaluation:
         copy = not self._attribute(node, "allowzero", 0)  # 0 copies the input's dim
         out = list(target)
         for i, d in enumerate(target):
-            if copy and d == Dim.of(0):
-                out[i] = first[i] if first is not None and i < len(first) else None
+            if not copy or d is None:
+                continue
+            known = first is not None and i < len(first) and first[i] is not None
+            if d == Dim.of(0):
+                out[i] = first[i] if known else None
+            elif d.static is None and not self.never_zero(d):
+                # d may be 0 at run time, which would copy the input's dim
+                # instead: claim d only where that dim is then 0 as well.
+                if not known or not set(d[1]) <= set(first[i][1]):
+                    out[i] = None
         if Dim.of(-1) in out:
             known = [d for d in out if d != Dim.of(-1)]
             if first is None or None in first or None in known or out.count(Dim.of(-1)) != 1:
@@ -374,15 +463,14 @@ class _Evaluation:
     def _reduce(self, node, first):
         if first is None:
             return None
-        given = len(node.input) > 1 and node.input[1] or self._attribute(node, "axes")
-        axes = self._axes(node)
+        given, axes = self._optional(node, 1, "axes")
         keep = self._attribute(node, "keepdims", 1)
-        if not given:  # every axis, unless told to do nothing
+        if given and axes is None:
+            return None
+        if not axes:  # every axis, unless told to do nothing
             if self._attribute(node, "noop_with_empty_axes", 0):
                 return first
             axes = range(len(first))
-        elif not axes:
-            return None
         axes = {a % len(first) for a in axes}
         if keep:
             return tuple(ONE if axis in axes else d for axis, d in enumerate(first))
@@ -392,9 +480,9 @@ class _Evaluation:
         if first is None:
             return
         axis = self._attribute(node, "axis", 0) % len(first)
-        sizes = self.ints(node.input[1]) if len(node.input) > 1 and node.input[1] else None
-        if sizes is None:
-            sizes = self._attribute(node, "split")
+        given, sizes = self._optional(node, 1, "split")
+        if given and sizes is None:
+            return
         if sizes is None and first[axis] is not None and first[axis].static is not None:
             parts = len(node.output)
             if first[axis].static % parts == 0:
@@ -405,18 +493,23 @@ class _Evaluation:
             self.shape[name] = first[:axis] + (Dim.of(size),) + first[axis + 1 :]
 
 
-def symbolic_dims(graph) -> dict:
-    """{tensor name: tuple of `Dim` (None for a dim not proven) or None (rank unknown)}."""
-    return _Evaluation(graph).shape
+def symbolic_dims(graph, positive=frozenset()) -> dict:
+    """{tensor name: tuple of `Dim` (None for a dim not proven) or None (rank unknown)}.
+
+    `positive`: the input axis names that are at least 1 in every run (the
+    others may be 0, as a decoder's past is on its first call).
+    """
+    return _Evaluation(graph, positive).shape
 
 
-def share_equal_shapes(proto) -> int:
+def share_equal_shapes(proto, positive=frozenset()) -> int:
     """Read one `Shape` for every set of tensors proven to share their dims.
 
-    Returns how many `Shape` nodes now read another's output instead (they are
-    left unread, for dead-node removal). Subgraphs are left alone.
+    `positive` as for `symbolic_dims`. Returns how many `Shape` nodes now read
+    another's output instead (they are left unread, for dead-node removal).
+    Subgraphs are left alone.
     """
-    evaluation = _Evaluation(proto.graph)
+    evaluation = _Evaluation(proto.graph, positive)
     first, replaced = {}, {}
     for node in proto.graph.node:
         if node.op_type != "Shape":

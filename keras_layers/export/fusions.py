@@ -436,7 +436,7 @@ def _probabilities_reader(g, softmax):
     if axis not in (-1, 3):
         return "the softmax is not over the last axis"
     if not g.only_used_by(softmax.output[0]):
-        return "the probabilities are read by more than one node"
+        return "the probabilities are a model output or read by more than one node"
     (reader,) = g.consumers[softmax.output[0]]
     zeroing = None
     if reader.op_type == "Where":

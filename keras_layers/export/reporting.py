@@ -121,6 +121,7 @@ def build_report(
             "fused": slimmed.fused,
             "stack_picks_folded": slimmed.stack_picks_folded,
             "shapes_shared": slimmed.shapes_shared,
+            "declined": slimmed.declined,
             "shared_weights": [
                 {"name": name, "shape": shape, "read_by": read_by}
                 for name, shape, read_by in slimming.shared_weights(slimmed.proto)

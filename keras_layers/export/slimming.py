@@ -50,6 +50,8 @@ class SlimmedModel:
     # Picks of one slice of a stacked tensor replaced by that slice (`stacks`).
     stack_picks_folded: int = 0
     shapes_shared: int = 0
+    # Candidates a fusion left alone: {fused op type: {reason: how many}}.
+    declined: dict = field(default_factory=dict)
 
 
 def _tensor_bytes(tensor) -> int:
@@ -648,6 +650,11 @@ def remove_dead_nodes(proto) -> None:
 # Ops whose outputs differ from call to call on the same inputs: never merged.
 _RANDOM_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
                "Multinomial", "Bernoulli", "Dropout"}  # fmt: skip
+# ONNX Runtime's ops that compute a function of their inputs (others outside the
+# ONNX domain, custom ones included, may draw at random or keep state).
+_PURE_CONTRIB = {"BiasGelu", "FastGelu", "Gelu", "QuickGelu", "MultiHeadAttention",
+                 "FusedMatMul", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
+                 "MatMulIntegerToFloat", "DynamicQuantizeMatMul"}  # fmt: skip
 
 
 def merge_common_subexpressions(proto) -> int:
@@ -664,13 +671,23 @@ def merge_common_subexpressions(proto) -> int:
         for index, name in enumerate(node.input):
             if name in renames:
                 node.input[index] = renames[name]
-        if node.op_type in _RANDOM_OPS or subgraphs(node) or outputs.intersection(node.output):
+        pure = node.domain in ("", "ai.onnx") or (
+            node.domain == "com.microsoft" and node.op_type in _PURE_CONTRIB
+        )
+        if not pure or node.op_type in _RANDOM_OPS or subgraphs(node):
+            continue
+        if outputs.intersection(node.output):
             continue
         attributes = sorted(a.SerializeToString(deterministic=True) for a in node.attribute)
-        key = (node.domain, node.op_type, tuple(node.input), tuple(attributes), len(node.output))
+        # Which optional outputs are made is part of the key: an omitted one
+        # ("") must never be renamed to, or from, a real one.
+        made = tuple(bool(name) for name in node.output)
+        key = (node.domain, node.op_type, tuple(node.input), tuple(attributes), made)
         earlier = seen.setdefault(key, node)
         if earlier is not node:
-            renames.update(zip(node.output, earlier.output, strict=True))
+            renames.update(
+                (old, new) for old, new in zip(node.output, earlier.output, strict=True) if old
+            )
             merged += 1
     if renames:
         _rename_reads(graph, renames)  # subgraphs read outer values too
@@ -687,6 +704,8 @@ def slim(
     fused = {"LayerNormalization": 0, "MatMul": 0, "MultiHeadAttention": 0}
     fused["SimplifiedLayerNormalization"] = 0
     fused |= dict.fromkeys(fusions.GELU_FUSED, 0)
+    # (candidate's output, why it was left alone), by fusion.
+    declined = {"MultiHeadAttention": [], "SimplifiedLayerNormalization": [], "Gelu": []}
     # First: a decoder's stacked caches, picked apart again, are most of its
     # nodes and of its time per token (`keras_layers.export.stacks`).
     picks = stacks.fold_stack_picks(proto)
@@ -706,20 +725,27 @@ def slim(
         fold_weight_views(proto)
     fused["MatMul"] = fusions.fuse_tensordot_matmuls(proto)
     if run_onnxslim:
-        fused["MultiHeadAttention"] = fusions.fuse_attention(proto, shapes)
+        attention = declined["MultiHeadAttention"]
+        fused["MultiHeadAttention"] = fusions.fuse_attention(proto, shapes, attention)
         # After attention, whose match needs shape inference: ONNX knows no
         # SimplifiedLayerNormalization, so inference stops at one.
-        fused["SimplifiedLayerNormalization"] = fusions.fuse_rms_norms(proto, shapes)
+        norms = declined["SimplifiedLayerNormalization"]
+        fused["SimplifiedLayerNormalization"] = fusions.fuse_rms_norms(proto, shapes, norms)
     # After the Dense fusion, which puts each bias Add right after a MatMul.
     # It serialises nothing, so protos past 2 GB get it too.
-    fused |= fusions.fuse_gelus(proto)
+    fused |= fusions.fuse_gelus(proto, declined["Gelu"])
     # Last of the rewrites, as the fusions match `Shape`s of the very tensors
     # they reshape: the per-layer copies of the masks and rotary tables that
     # keras-hub's decoders build from `Shape` of each hidden state become one
     # copy once those `Shape`s are one. The input axes' names say which axes
     # are one size (the validation grid feeds them so), and `dims` reads them.
     name_dynamic_axes(proto, inputs, outputs)
-    shared = dims.share_equal_shapes(proto)
+    # Every run has a batch and each sequence at least 1 long; a decoder's
+    # past (its cache inputs name their own axes) may be empty.
+    positive = {"batch"} | {
+        info.sequence for info in inputs if info.axes is None and info.role != "positions"
+    }
+    shared = dims.share_equal_shapes(proto, positive)
     if shared:
         merge_common_subexpressions(proto)
     remove_dead_nodes(proto)
@@ -737,4 +763,9 @@ def slim(
         initializer_bytes=initializer_bytes,
         stack_picks_folded=picks,
         shapes_shared=shared,
+        declined={
+            fusion: dict(Counter(reason for _, reason in reasons).most_common())
+            for fusion, reasons in declined.items()
+            if reasons
+        },
     )
