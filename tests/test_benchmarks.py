@@ -70,16 +70,20 @@ def test_real_models_benchmark_quick_mode_compares_all_four_exports():
     for kind, entry in report["models"].items():
         # The PyTorch copy computes what Keras computes, and so does every file.
         assert entry["pytorch_vs_keras_max_abs"] < real_models.AGREEMENT_ATOL, kind
-        assert set(entry["files"]) == set(real_models.CANDIDATES), kind
+        assert set(entry["files"]) == {*real_models.CANDIDATES, real_models.UNSHARED}, kind
         for name, row in entry["files"].items():
             assert row["max_abs_vs_pytorch_file"] < real_models.AGREEMENT_ATOL, (kind, name)
         assert entry["files"]["ours"]["fused"]["MultiHeadAttention"] == 1, kind
         for shape, timing in entry["latency"].items():
-            assert set(timing["ms"]) == {*real_models.CANDIDATES, *real_models.BOUNDS}, shape
+            expected = {*real_models.CANDIDATES, real_models.UNSHARED, *real_models.BOUNDS}
+            assert set(timing["ms"]) == expected, shape
             assert timing["gflops"] > 0
             ours = timing["ms"]["ours"]["median_ms"]
             ratio = entry["ratios"][shape]["ours / pytorch + ort optimizer"]
             assert ratio == pytest.approx(
                 ours / timing["ms"]["pytorch + ort optimizer"]["median_ms"]
             )
+    # Each chain of 8 skip norms, fused and not, timed at every shape.
+    for timing in report["skip_norms"]["ms"].values():
+        assert len(timing) == 2 * len(real_models.SKIP_NORMS)
     assert (results_io.RESULTS / "real_models.quick.png").exists()
