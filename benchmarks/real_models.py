@@ -155,22 +155,30 @@ def _dense(weights, path, width):
     return kernel.reshape(width, -1).T if kernel.shape[0] == width else kernel.reshape(-1, width).T
 
 
+def _hf_sizes(config: dict, max_length: int) -> dict:
+    """The sizes every transformers config here takes, from ours; eager
+    attention, the plain ops the TorchScript exporter and ORT's optimizer know."""
+    return {
+        "vocab_size": config["vocabulary"],
+        "hidden_size": config["width"],
+        "num_hidden_layers": config["layers"],
+        "num_attention_heads": config["heads"],
+        "intermediate_size": config["intermediate"],
+        "max_position_embeddings": max_length,
+        "attn_implementation": "eager",
+    }
+
+
 def torch_bert(model, config, max_length):
     """transformers' BertModel with the keras-hub BertBackbone's weights."""
     import transformers
 
     hf = transformers.BertModel(
         transformers.BertConfig(
-            vocab_size=config["vocabulary"],
-            hidden_size=config["width"],
-            num_hidden_layers=config["layers"],
-            num_attention_heads=config["heads"],
-            intermediate_size=config["intermediate"],
-            max_position_embeddings=max_length,
+            **_hf_sizes(config, max_length),
             type_vocab_size=2,
             hidden_act="gelu_new",  # the tanh form keras-hub's BERT uses
             layer_norm_eps=1e-12,
-            attn_implementation="eager",
         )
     ).eval()
     weights, width = {w.path: w.numpy() for w in model.weights}, config["width"]
@@ -220,15 +228,9 @@ def torch_llama(model, config, max_length):
 
     hf = transformers.LlamaModel(
         transformers.LlamaConfig(
-            vocab_size=config["vocabulary"],
-            hidden_size=config["width"],
-            intermediate_size=config["intermediate"],
-            num_hidden_layers=config["layers"],
-            num_attention_heads=config["heads"],
+            **_hf_sizes(config, max_length),
             num_key_value_heads=config["kv_heads"],
             rms_norm_eps=1e-6,
-            max_position_embeddings=max_length,
-            attn_implementation="eager",
         )
     ).eval()
     weights, width = {w.path: w.numpy() for w in model.weights}, config["width"]

@@ -311,7 +311,7 @@ class _Evaluation:
             value = self.shape.get(inputs[2])
             if first is not None and value is not None and len(first) == len(value) == 3:
                 out = (first[0], first[1], value[2])
-        if out is not None and node.output:
+        if out is not None:
             self.shape[node.output[0]] = out
 
     def _elementwise_value(self, node):

@@ -122,12 +122,18 @@ def fold_stack_picks(proto) -> int:
     (a layer's cache, then its keys) folds on the next pass. Returns how many
     picks were folded; the stacks nothing reads any more are left for
     `remove_dead_nodes`."""
+    return _until_unchanged(proto, _fold_once)
+
+
+def _until_unchanged(proto, once, between=None) -> int:
+    """Run `once(graph)` until it changes nothing (`between(proto)` after
+    each pass that did); returns the sum of what each pass changed."""
     total = 0
-    while True:
-        folded = _fold_once(proto.graph)
-        if not folded:
-            return total
-        total += folded
+    while changed := once(proto.graph):
+        total += changed
+        if between is not None:
+            between(proto)
+    return total
 
 
 def _fold_once(graph) -> int:
@@ -186,13 +192,7 @@ def fold_shapes_of_stacks(proto) -> int:
     """
     from keras_layers.export.slimming import remove_dead_nodes
 
-    total = 0
-    while True:
-        rewritten = _shapes_once(proto.graph)
-        if not rewritten:
-            return total
-        total += rewritten
-        remove_dead_nodes(proto)
+    return _until_unchanged(proto, _shapes_once, between=remove_dead_nodes)
 
 
 class _ShapeArithmetic:
@@ -239,7 +239,7 @@ def _shape_of(source, constants, arithmetic: _ShapeArithmetic) -> str | None:
     (their last output is the result), or None if `source` is not a stack."""
     if source.op_type == "Unsqueeze":
         axis = _unsqueezed_axis(source, constants)
-        parts, middle = [source.input[0]], None
+        parts = [source.input[0]]
     else:
         axis = next(a.i for a in source.attribute if a.name == "axis")
         parts = list(source.input)
