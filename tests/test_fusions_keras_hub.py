@@ -349,3 +349,168 @@ def test_the_report_and_verbose_say_why_a_softmax_was_not_fused(tmp_path, capsys
     assert report["graph"]["declined"]["MultiHeadAttention"] == {reason: 1}
     printed = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
     assert f"not fused (MultiHeadAttention) x1: {reason}" in printed
+
+
+# Logits with a bias added, as keras-hub's T5 (relative position bias, carrying
+# the padding mask, no scale), Falcon (ALiBi, scaled after the add) and Bloom
+# (ALiBi added after the scale, the scaled product's `Shape` read for the
+# mask) write them, and GPT-NeoX's product scaled inside the einsum's transpose.
+
+
+def _biased_attention(form, heads, size, bias_shape=None):
+    """The attention of `form` and its NumPy reference, written from the formula."""
+    product = [
+        helper.make_node("Transpose", ["q"], ["qt"], perm=[0, 2, 1, 3]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 3, 1]),
+        helper.make_node("MatMul", ["qt", "kt"], ["qk"]),
+    ]
+    extra_outputs = []
+    if form == "t5":
+        nodes = [*product, helper.make_node("Add", ["qk", "bias"], ["logits"])]
+    elif form == "falcon":
+        nodes = [
+            *product,
+            helper.make_node("Add", ["qk", "bias"], ["summed"]),
+            helper.make_node("Mul", ["summed", "scale"], ["logits"]),
+        ]
+    elif form == "bloom":
+        nodes = [
+            *product,
+            helper.make_node("Mul", ["qk", "scale"], ["scaled"]),
+            helper.make_node("Shape", ["scaled"], ["logits_shape"]),
+            helper.make_node("Shape", ["scaled"], ["logits_lengths"], start=-2),
+            helper.make_node("Add", ["scaled", "bias"], ["logits"]),
+        ]
+        extra_outputs = [
+            _tensor("logits_shape", [4], TensorProto.INT64),
+            _tensor("logits_lengths", [2], TensorProto.INT64),
+        ]
+    else:  # neox: einsum("aecd,abcd->acbe", key, query), scaled inside the transpose
+        nodes = [
+            helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1, 3]),
+            helper.make_node("Transpose", ["q"], ["qt"], perm=[0, 2, 3, 1]),
+            helper.make_node("MatMul", ["kt", "qt"], ["st"]),
+            helper.make_node("Mul", ["st", "scale"], ["scaled"]),
+            helper.make_node("Transpose", ["scaled"], ["logits"], perm=[0, 1, 3, 2]),
+        ]
+    masked = form != "t5"  # T5 adds its mask into the bias
+    if masked:
+        nodes += [
+            helper.make_node("Where", ["mask", "logits", "big"], ["selected"]),
+            helper.make_node("Softmax", ["selected"], ["probs"], axis=-1),
+            helper.make_node("Where", ["mask", "probs", "zero"], ["kept"]),
+        ]
+    else:
+        nodes.append(helper.make_node("Softmax", ["logits"], ["kept"], axis=-1))
+    nodes += [
+        helper.make_node("Transpose", ["v"], ["vt"], perm=[0, 2, 1, 3]),
+        helper.make_node("MatMul", ["kept", "vt"], ["heads"]),
+        helper.make_node("Transpose", ["heads"], ["y"], perm=[0, 2, 1, 3]),
+    ]
+    inputs = [_tensor(n, ["b", f"{n}_len", heads, size]) for n in "qkv"]
+    if form != "neox":
+        default = ["b", heads, "q_len", "k_len"] if form == "t5" else [1, heads, 1, "k_len"]
+        inputs.append(_tensor("bias", bias_shape or default))
+    if masked:
+        inputs.append(_tensor("mask", ["b", 1, "q_len", "k_len"], TensorProto.BOOL))
+    constants = [("scale", size**-0.5), ("big", -1e9), ("zero", 0.0)]
+    outputs = [_tensor("y", ["b", "q_len", heads, size]), *extra_outputs]
+    return _model(nodes, inputs, outputs, constants)
+
+
+def _biased_reference(form, feeds, size):
+    q, k, v = feeds["q"], feeds["k"], feeds["v"]
+    qk = np.einsum("btnh,bsnh->bnts", q, k)
+    scale = np.float32(size**-0.5)
+    logits = {
+        "t5": lambda: qk + feeds["bias"],
+        "falcon": lambda: (qk + feeds["bias"]) * scale,
+        "bloom": lambda: qk * scale + feeds["bias"],
+        "neox": lambda: qk * scale,
+    }[form]()
+    if form != "t5":
+        logits = np.where(feeds["mask"], logits, np.float32(-1e9))
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    if form != "t5":
+        probs = np.where(feeds["mask"], probs, 0)  # keras.layers.Softmax
+    return np.einsum("bnts,bsnh->btnh", probs, v)
+
+
+@pytest.mark.parametrize("form", ["t5", "falcon", "bloom", "neox"])
+def test_biased_and_rescaled_attention_is_fused_exactly(form):
+    """On a padded batch with an all-padding row and logits in the hundreds,
+    the fused graph gives what the formula and the unfused graph give."""
+    heads, size, batch, length = 2, 4, 3, 6
+    proto = _biased_attention(form, heads, size)
+    unfused = ort.InferenceSession(proto.SerializeToString())
+    declined = []
+    assert fusions.fuse_attention(proto, fusions.tensor_shapes(proto), declined) == 1, declined
+    remove_dead_nodes(proto)
+    ops = [node.op_type for node in proto.graph.node]
+    assert "Softmax" not in ops and ops.count("MultiHeadAttention") == 1
+    assert "MatMul" not in ops  # no logits left, even for Bloom's Shape readers
+    fused = ort.InferenceSession(proto.SerializeToString())
+
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.normal(0, 6, (batch, length, heads, size)).astype("float32") for _ in "qkv")
+    valid = np.arange(length)[None] < np.array([[length], [4], [0]])  # row 2: all padding
+    mask = valid[:, None, :, None] & valid[:, None, None, :]
+    feeds = {"q": q, "k": k, "v": v}
+    if form == "t5":  # position bias plus the additive padding mask, as keras-hub's T5
+        position = rng.normal(0, 3, (1, heads, length, length)).astype("float32")
+        feeds["bias"] = position + np.float32(-1e9) * ~valid[:, None, None, :]
+    elif form != "neox":
+        slopes = np.float32([0.5, 0.25]).reshape(1, heads, 1, 1)
+        feeds["bias"] = (slopes * np.arange(length, dtype="float32")).astype("float32")
+    if form != "t5":
+        feeds["mask"] = mask
+    expected = _biased_reference(form, feeds, size)
+    assert np.abs(np.einsum("btnh,bsnh->bnts", q, k)).max() > 100  # large logits
+    got, reference = fused.run(None, feeds), unfused.run(None, feeds)
+    rows = valid if form == "t5" else np.ones_like(valid)  # T5's padded rows: any weights
+    np.testing.assert_allclose(got[0][rows], expected[rows], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[0][rows], reference[0][rows], rtol=1e-4, atol=1e-4)
+    for shape, shape_reference in zip(got[1:], reference[1:], strict=True):
+        np.testing.assert_array_equal(shape, shape_reference)  # Bloom's Shape readers
+
+
+@pytest.mark.parametrize(
+    ("bias_shape", "reason"),
+    [
+        ([2, 2, "q_len", "k_len"], "the bias added to the logits has a fixed batch"),
+        (
+            [1, 1, 2, "q_len", "k_len"],
+            "the bias added to the logits is not float32 of known rank up to 4",
+        ),
+    ],
+)
+def test_a_bias_the_fused_op_cannot_take_is_left_alone(bias_shape, reason):
+    proto = _biased_attention("t5", 2, 4, bias_shape=bias_shape)
+    before = proto.SerializeToString()
+    declined = []
+    assert fusions.fuse_attention(proto, fusions.tensor_shapes(proto), declined) == 0
+    assert proto.SerializeToString() == before
+    assert [why for _, why in declined] == [reason]
+
+
+@pytest.mark.parametrize(
+    ("name", "attentions"),
+    [("T5Backbone", 6), ("FalconBackbone", 2), ("CLIPTextEncoder", 2), ("DebertaV3Backbone", 2)],
+)
+def test_keras_hub_attention_with_a_bias_is_fused_in_every_layer(name, attentions, tmp_path):
+    """T5 (relative bias, unscaled; 2 encoder, 2 decoder and 2 cross
+    attentions), Falcon (ALiBi), CLIP (the mask built from the logits' shape)
+    and DeBERTa (disentangled terms, the key's transpose read twice), each
+    built tiny by zoo_models: one fused op per attention, no softmax left, and
+    the file agrees with Keras on zoo_models' right-padded feed."""
+    import zoo_models
+
+    model = zoo_models.build(name)
+    path = tmp_path / f"{name}.onnx"
+    report = export_model(model, path)
+    assert report["graph"]["fused"]["MultiHeadAttention"] == attentions, report["graph"]
+    assert "MultiHeadAttention" not in report["graph"]["declined"]
+    assert "Softmax" not in op_types(path)
+    differences = zoo_models.parity(model, path, zoo_models.padded_feed(model))
+    assert max(differences.values()) <= zoo_models.FEED_ATOL, differences

@@ -390,9 +390,11 @@ _HEADS_FIRST = [0, 2, 1, 3]
 
 
 def _transposed(g, name, perm):
-    """The input of `Transpose(x, perm)` producing `name`, used only there."""
+    """The input of `Transpose(x, perm)` producing `name`. Other nodes may read
+    the transpose too (DeBERTa's relative terms read the key's): the fused op
+    reads `x`, and the transpose stays for them."""
     node = g.node(name, "Transpose")
-    if node is None or not g.only_used_by(name):
+    if node is None:
         return None
     if _perm(node) != perm:
         return None
@@ -418,6 +420,9 @@ class _Attention:
     size: int
     out: object  # the Transpose node whose output the fused nodes take over
     zeroes_masked_rows: bool  # keras.layers.Softmax's path, see `_probabilities_reader`
+    bias: str | None = None  # added to the logits, times `bias_scale` if that is set
+    bias_scale: float | None = None
+    shape_readers: tuple = ()  # `Shape` nodes of the (B, N, T, S) logits
 
 
 def _probabilities_reader(g, softmax):
@@ -474,43 +479,64 @@ def _attention_mask(g, softmax, zeroing):
     return where.input[0], where.input[1]
 
 
-def _scaled(g, name):
-    """(x, scale) for `Mul(x, scalar)` producing `name` (read only there), else (name, None)."""
+def _sole_reader(g, name, shape_readers=None) -> bool:
+    """Whether one node reads `name`, not counting `Shape` nodes when
+    `shape_readers` is a list: those are added to it."""
+    readers = g.consumers[name]
+    shapes = [n for n in readers if n.op_type == "Shape"] if shape_readers is not None else []
+    if name in g.outputs or len(readers) - len(shapes) != 1:
+        return False
+    if shape_readers is not None:
+        shape_readers += shapes
+    return True
+
+
+def _scaled(g, name, shape_readers=None):
+    """(x, scale) for `Mul(x, scalar)` producing `name` (read only there, see
+    `_sole_reader`), else (name, None)."""
     mul = g.node(name, "Mul")
-    if mul is None or not g.only_used_by(name):
+    if mul is None:
+        return name, None
+    found = []
+    if not _sole_reader(g, name, found if shape_readers is not None else None):
         return name, None
     for x in mul.input:
         scale = _scalar(g, mul, x)
         if scale is not None and g.other_input(mul, x) != x:
+            if shape_readers is not None:
+                shape_readers += found
             return x, scale
     return name, None
 
 
-def _attention_logits(g, logits):
-    """(q, k, scale) for the scaled q.k^T logits, q and k (B, T|S, N, H), or a reason.
+def _product(g, name, shape_readers: list):
+    """(q, k, scale factors) for a q.k^T product, scaled or not, producing `name`,
+    q and k (B, T|S, N, H); or a reason. `Shape` nodes reading the (B, N, T, S)
+    tensors on the way go to `shape_readers` (see `_sole_reader`).
 
-    The trace of `ops.dot_product_attention` writes
-    `Mul(MatMul(q^T, k^T), scale)` (see `tracing._attention_as_batched_matmuls`);
+    The trace of `ops.dot_product_attention` writes `MatMul(q^T, k^T)`;
     `MultiHeadAttention`'s einsum path scales the query first and tf2onnx
     lowers `einsum("aecd,abcd->acbe", key, query)` to
-    `Transpose(MatMul(k^T, (q*scale)^T), [0, 1, 3, 2])`. Either way the logits
-    are q.k^T times a scale, as `MultiHeadAttention` computes them, up to float
-    rounding where the scale is applied.
+    `Transpose(MatMul(k^T, (q*scale)^T), [0, 1, 3, 2])`; keras-hub's GPT-NeoX
+    scales the product inside that transpose. Each scalar `Mul` on the way is
+    one of the factors.
     """
-    product_name, outer = _scaled(g, logits)
-    if not g.only_used_by(product_name):
+    name, outer = _scaled(g, name, shape_readers)
+    if not _sole_reader(g, name, shape_readers):
         return "the logits are read by more than one node"
-    swapped = g.node(product_name, "Transpose")
+    middle = None
+    swapped = g.node(name, "Transpose")
     if swapped is not None:
         if _perm(swapped) != [0, 1, 3, 2] or not g.only_used_by(swapped.input[0]):
             return "the logits are not a transposed product"
-        product = g.node(swapped.input[0], "MatMul")
-        if product is None:
+        inside, middle = _scaled(g, swapped.input[0])
+        product = g.node(inside, "MatMul")
+        if product is None or not g.only_used_by(inside):
             return "the logits are not a transposed product"
         k_side, q_side, q_perm = product.input[0], product.input[1], [0, 2, 3, 1]
         k = _transposed(g, k_side, _HEADS_FIRST)
     else:
-        product = g.node(product_name, "MatMul")
+        product = g.node(name, "MatMul")
         if product is None:
             return "the logits are not a MatMul"
         q_side, q_perm = product.input[0], _HEADS_FIRST
@@ -519,12 +545,58 @@ def _attention_logits(g, logits):
     if q is None or k is None:
         return "the query and key do not reach the product through heads-first transposes"
     q, inner = _scaled(g, q)
-    factors = [s for s in (outer, inner) if s is not None]
-    scale = float(np.prod(np.float32(factors))) if factors else None
+    return q, k, [outer, middle, inner]
+
+
+def _attention_logits(g, logits, shapes):
+    """(q, k, scale, bias, bias scale) for logits `scale * q.k^T + bias_scale * bias`,
+    bias and bias scale None where there is none; or a reason.
+
+    The logits are a `_product`, up to float rounding where the scale is
+    applied, as `MultiHeadAttention` computes them; or such a product plus a
+    float32 tensor of rank up to 4 that broadcasts to (B, N, T, S) (T5's
+    relative position bias, Bloom's and Falcon's ALiBi, DeBERTa's
+    disentangled terms), added before or after the scale: keras-hub's Falcon
+    writes `(q.k^T + alibi) * scale`, which `MultiHeadAttention` computes as
+    `scale * q.k^T + (scale * alibi)`, its `attention_bias`.
+    """
+    readers = []  # `Shape` nodes reading the logits, see `_sole_reader`
+    name, outer = _scaled(g, logits, readers)
+    add = g.node(name, "Add")
+    bias = None
+    if add is None:
+        found = _product(g, logits, readers)
+    else:
+        if not g.only_used_by(name):
+            return "the biased logits are read by more than one node"
+        reasons = []
+        for side in dict.fromkeys(add.input):
+            side_readers = []
+            found = _product(g, side, side_readers)
+            if not isinstance(found, str):
+                bias = g.other_input(add, side)
+                readers += side_readers
+                break
+            reasons.append(found)
+        else:  # the side that is a product of some kind says why it is not ours
+            found = min(reasons, key=lambda reason: reason == "the logits are not a MatMul")
+        if bias is not None:
+            dims, elem_type = shapes.get(bias, (None, None))
+            if dims is None or len(dims) > 4 or elem_type != TensorProto.FLOAT:
+                return "the bias added to the logits is not float32 of known rank up to 4"
+            if len(dims) == 4 and isinstance(dims[0], int) and dims[0] > 1:
+                return "the bias added to the logits has a fixed batch"
+    if isinstance(found, str):
+        return found
+    q, k, factors = found
+    if bias is not None:
+        factors = [*factors, outer]
+    factors = [s for s in factors if s is not None]
+    scale = float(np.prod(np.float32(factors))) if factors else 1.0
     # MultiHeadAttention reads scale=0 as "not set" and uses 1/sqrt(H).
     if not scale or not np.isfinite(scale):
         return "the logits are not scaled by a finite, nonzero constant"
-    return q, k, scale
+    return q, k, scale, bias, (outer if bias is not None else None), readers
 
 
 def _attention_heads(shapes, q, k, v, out):
@@ -565,17 +637,19 @@ def _match_attention(g, softmax, shapes):
     if isinstance(found, str):
         return found
     mask, logits = found
-    found = _attention_logits(g, logits)
+    found = _attention_logits(g, logits, shapes)
     if isinstance(found, str):
         return found
-    q, k, scale = found
+    q, k, scale, bias, bias_scale, shape_readers = found
     found = _attention_heads(shapes, q, k, v, out.output[0])
     if isinstance(found, str):
         return found
     heads, size = found
     if zeroing is not None and not 1 <= len(shapes.get(mask, ((),))[0]) <= 4:
         return "the mask's rank is unknown or above 4"
-    return _Attention(q, k, v, mask, scale, heads, size, out, zeroing is not None)
+    zeroes = zeroing is not None
+    readers = tuple(shape_readers)
+    return _Attention(q, k, v, mask, scale, heads, size, out, zeroes, bias, bias_scale, readers)
 
 
 def _visible_rows(mask, rank, fresh, constant):
@@ -607,6 +681,30 @@ def _visible_rows(mask, rank, fresh, constant):
         seen = wide
     nodes.append(helper.make_node("Transpose", [seen], [rows], perm=_HEADS_FIRST))
     return nodes, rows
+
+
+def _logits_shape(q, k, heads, reader, fresh, constant) -> list:
+    """Nodes that compute, from q and k (B, T|S, N, H), what `reader`, a `Shape`
+    of the (B, N, T, S) logits, gave; the last of them rewrites `reader` in place.
+
+    Keras' CLIP and Bloom layers build their masks from the logits' shape, so
+    the logits have a reader besides the softmax; the fused op computes no
+    logits, and their shape comes from the query and key instead.
+    """
+    start, end = _attribute(reader, "start", 0), _attribute(reader, "end", 4)
+    start, end = (max(0, min(4, axis + 4 if axis < 0 else axis)) for axis in (start, end))
+    parts, nodes = [], []
+    for axis in range(start, end):
+        if axis == 1:
+            parts.append(constant(f"mha_heads_{heads}", np.array([heads], np.int64)))
+            continue
+        source, at = {0: (q, 0), 2: (q, 1), 3: (k, 1)}[axis]
+        parts.append(fresh(f"{reader.output[0]}_{axis}"))
+        nodes.append(helper.make_node("Shape", [source], [parts[-1]], start=at, end=at + 1))
+    if not parts:  # an empty slice of the shape
+        parts.append(constant("mha_no_axes", np.zeros(0, np.int64)))
+    reader.CopyFrom(helper.make_node("Concat", parts, list(reader.output), axis=0))
+    return nodes
 
 
 def fuse_attention(proto, shapes: dict, declined: list | None = None) -> int:
@@ -676,27 +774,49 @@ def fuse_attention(proto, shapes: dict, declined: list | None = None) -> int:
             for source, label in ((q, "q"), (k, "k"), (v, "v"))
         ]
         inputs = [name["q"], name["k"], name["v"]]
-        if mask is not None:
-            # The bias must be (B or 1, N or 1, T, S): expand the mask's.
-            if mask not in biases:
-                biases[mask] = fresh(f"{mask}_bias")
-                zero, masked = constant("mha_zero", np.float32(0)), constant("mha_masked", _MASKED)
-                where = helper.make_node("Where", [mask, zero, masked], [biases[mask]])
-                after[mask].append(where)
+        if mask is not None and mask not in biases:
+            biases[mask] = fresh(f"{mask}_bias")
+            zero, masked = constant("mha_zero", np.float32(0)), constant("mha_masked", _MASKED)
+            after[mask].append(helper.make_node("Where", [mask, zero, masked], [biases[mask]]))
+        bias = biases.get(mask)
+        if match.bias is not None:
+            # The added bias, scaled and summed with the mask's once for all
+            # the layers that read them, before the first of those layers.
+            key = (mask, match.bias, match.bias_scale)
+            if key not in biases:
+                total = match.bias
+                if match.bias_scale is not None:
+                    factor = constant(
+                        f"mha_bias_scale_{match.bias_scale}", np.float32(match.bias_scale)
+                    )
+                    nodes.append(
+                        helper.make_node("Mul", [total, factor], [fresh(f"{total}_scaled")])
+                    )
+                    total = nodes[-1].output[0]
+                if mask is not None:
+                    nodes.append(helper.make_node("Add", [bias, total], [fresh(f"{total}_masked")]))
+                    total = nodes[-1].output[0]
+                biases[key] = total
+            bias = biases[key]
+        if bias is not None:
+            # The bias must be (B or 1, N or 1, T, S): expand what it lacks.
+            # Expand broadcasts both ways, so a batch or head axis of the
+            # bias's own stays as it is and a missing one becomes B or 1.
             one = constant("mha_one", np.array([1], np.int64))
+            batch = name["b"] if match.bias is None else one
             nodes += [
-                helper.make_node("Shape", [q], [name["b"]], start=0, end=1),
                 helper.make_node("Shape", [q], [name["t"]], start=1, end=2),
                 helper.make_node("Shape", [k], [name["s"]], start=1, end=2),
                 helper.make_node(
-                    "Concat",
-                    [name["b"], one, name["t"], name["s"]],
-                    [name["bias_shape"]],
-                    axis=0,
+                    "Concat", [batch, one, name["t"], name["s"]], [name["bias_shape"]], axis=0
                 ),
-                helper.make_node("Expand", [biases[mask], name["bias_shape"]], [name["bias"]]),
+                helper.make_node("Expand", [bias, name["bias_shape"]], [name["bias"]]),
             ]
+            if match.bias is None:
+                nodes.insert(-3, helper.make_node("Shape", [q], [name["b"]], start=0, end=1))
             inputs += ["", "", name["bias"]]
+        for reader in match.shape_readers:
+            before[reader.output[0]] = _logits_shape(q, k, heads, reader, fresh, constant)
         nodes.append(
             helper.make_node(
                 "MultiHeadAttention",

@@ -729,6 +729,8 @@ def slim(
         fused["MultiHeadAttention"] = fusions.fuse_attention(proto, shapes, attention)
         # After attention, whose match needs shape inference: ONNX knows no
         # SimplifiedLayerNormalization, so inference stops at one.
+        # The nodes the fusions above replaced would be candidates too.
+        remove_dead_nodes(proto)
         norms = declined["SimplifiedLayerNormalization"]
         fused["SimplifiedLayerNormalization"] = fusions.fuse_rms_norms(proto, shapes, norms)
     # After the Dense fusion, which puts each bias Add right after a MatMul.
