@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from keras_layers.export import export_model, fusions
@@ -496,14 +498,21 @@ def test_a_bias_the_fused_op_cannot_take_is_left_alone(bias_shape, reason):
 
 @pytest.mark.parametrize(
     ("name", "attentions"),
-    [("T5Backbone", 6), ("FalconBackbone", 2), ("CLIPTextEncoder", 2), ("DebertaV3Backbone", 2)],
+    [
+        ("T5Backbone", 6),
+        ("FalconBackbone", 2),
+        ("CLIPTextEncoder", 2),
+        ("DebertaV3Backbone", 2),
+        ("GemmaBackbone", 2),
+    ],
 )
 def test_keras_hub_attention_with_a_bias_is_fused_in_every_layer(name, attentions, tmp_path):
     """T5 (relative bias, unscaled; 2 encoder, 2 decoder and 2 cross
-    attentions), Falcon (ALiBi), CLIP (the mask built from the logits' shape)
-    and DeBERTa (disentangled terms, the key's transpose read twice), each
-    built tiny by zoo_models: one fused op per attention, no softmax left, and
-    the file agrees with Keras on zoo_models' right-padded feed."""
+    attentions), Falcon (ALiBi), CLIP (the mask built from the logits' shape),
+    DeBERTa (disentangled terms, the key's transpose read twice) and Gemma
+    (grouped-query attention, one key/value head), each built tiny by
+    zoo_models: one fused op per attention, no softmax left, and the file
+    agrees with Keras on zoo_models' right-padded feed."""
     import zoo_models
 
     model = zoo_models.build(name)
@@ -514,3 +523,131 @@ def test_keras_hub_attention_with_a_bias_is_fused_in_every_layer(name, attention
     assert "Softmax" not in op_types(path)
     differences = zoo_models.parity(model, path, zoo_models.padded_feed(model))
     assert max(differences.values()) <= zoo_models.FEED_ATOL, differences
+
+
+# Grouped-query attention: keras-hub's Gemma writes `einsum("btkgh,bskh->bkgts")`
+# and `einsum("bkgts,bskh->btkgh")`, which the trace writes as transposes, an
+# Unsqueeze and one broadcasting MatMul each (tracing._einsum_layout).
+
+
+@given(data=st.data())
+@settings(max_examples=60, deadline=None)
+def test_einsum_layout_computes_the_einsum(data):
+    """Any einsum the layout takes, computed its way, is NumPy's einsum."""
+    from keras_layers.export.tracing import _einsum_layout
+
+    letters = list("abcdefg")
+    batch = data.draw(st.lists(st.sampled_from(letters), min_size=1, max_size=2, unique=True))
+    rest = [x for x in letters if x not in batch]
+    contracted = data.draw(st.sampled_from(rest))
+    rest.remove(contracted)
+    free_a = data.draw(st.lists(st.sampled_from(rest), min_size=1, max_size=2, unique=True))
+    rest = [x for x in rest if x not in free_a]
+    free_b = data.draw(st.lists(st.sampled_from(rest), min_size=1, max_size=2, unique=True))
+    a = "".join(data.draw(st.permutations(batch + [contracted] + free_a)))
+    b = "".join(data.draw(st.permutations(batch + [contracted] + free_b)))
+    out = "".join(data.draw(st.permutations(batch + free_a + free_b)))
+    equation = f"{a},{b}->{out}"
+    layout = _einsum_layout(equation)
+    if len(free_a) + len(free_b) < 3:
+        assert layout is None  # tf2onnx's own lowering is a MatMul already
+        return
+    assert layout is not None, equation
+    rng = np.random.default_rng(0)
+    sizes = {x: int(rng.integers(1, 4)) for x in letters}
+    x = rng.standard_normal([sizes[c] for c in a])
+    y = rng.standard_normal([sizes[c] for c in b])
+    expected = np.einsum(equation, x, y)
+    perm_a, insert_a, perm_b, insert_b, after = layout
+    x, y = x.transpose(perm_a), y.transpose(perm_b)
+    for axis in insert_a:
+        x = np.expand_dims(x, axis)
+    for axis in insert_b:
+        y = np.expand_dims(y, axis)
+    product = x @ y
+    product = product if after is None else product.transpose(after)
+    np.testing.assert_allclose(product, expected, rtol=1e-12, atol=1e-12)
+
+
+def _grouped_attention(kv_heads, groups, size, values_by_reshape=False):
+    """Grouped-query attention as the trace writes Gemma's; with
+    `values_by_reshape`, the value's transpose written as the Reshape onnxslim
+    makes of it when there is one key/value head."""
+    if values_by_reshape:
+        values = [helper.make_node("Reshape", ["v", "v_target"], ["vt"])]
+    else:
+        values = [helper.make_node("Transpose", ["v"], ["vt"], perm=[0, 2, 1, 3])]
+    nodes = [
+        helper.make_node("Mul", ["q", "scale"], ["qs"]),
+        helper.make_node("Transpose", ["qs"], ["qt"], perm=[0, 2, 3, 1, 4]),
+        helper.make_node("Transpose", ["k"], ["kt4"], perm=[0, 2, 3, 1]),
+        helper.make_node("Unsqueeze", ["kt4", "group_axis"], ["kt"]),
+        helper.make_node("MatMul", ["qt", "kt"], ["logits"]),
+        helper.make_node("Where", ["mask", "logits", "big"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+        helper.make_node("Where", ["mask", "probs", "zero"], ["kept"]),
+        *values,
+        helper.make_node("Unsqueeze", ["vt", "group_axis"], ["vg"]),
+        helper.make_node("MatMul", ["kept", "vg"], ["heads"]),
+        helper.make_node("Transpose", ["heads"], ["y"], perm=[0, 3, 1, 2, 4]),
+    ]
+    inputs = [
+        _tensor("q", ["b", "q_len", kv_heads, groups, size]),
+        _tensor("k", ["b", "k_len", kv_heads, size]),
+        _tensor("v", ["b", "k_len", kv_heads, size]),
+        _tensor("mask", ["b", 1, 1, "q_len", "k_len"], TensorProto.BOOL),
+    ]
+    outputs = [_tensor("y", ["b", "q_len", kv_heads, groups, size])]
+    model = _model(nodes, inputs, outputs, [("scale", size**-0.5), ("big", -1e9), ("zero", 0)])
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([2], np.int64), "group_axis"),
+            numpy_helper.from_array(np.array([0, kv_heads, -1, size], np.int64), "v_target"),
+        ]
+    )
+    return model
+
+
+@pytest.mark.parametrize(
+    ("kv_heads", "groups", "values_by_reshape"), [(2, 3, False), (1, 4, True), (1, 2, False)]
+)
+def test_grouped_query_attention_is_fused_exactly(kv_heads, groups, values_by_reshape):
+    """Each key/value head serves its `groups` query heads: the fused graph
+    gives what the formula gives on a padded batch with an all-padding row."""
+    size, batch, length = 4, 3, 6
+    proto = _grouped_attention(kv_heads, groups, size, values_by_reshape)
+    unfused = ort.InferenceSession(proto.SerializeToString())
+    declined = []
+    assert fusions.fuse_attention(proto, fusions.tensor_shapes(proto), declined) == 1, declined
+    remove_dead_nodes(proto)
+    ops = [node.op_type for node in proto.graph.node]
+    assert "Softmax" not in ops and "MatMul" not in ops and "MultiHeadAttention" in ops
+    fused = ort.InferenceSession(proto.SerializeToString())
+
+    rng = np.random.default_rng(3)
+    q = rng.normal(0, 8, (batch, length, kv_heads, groups, size)).astype("float32")
+    k, v = (rng.normal(0, 6, (batch, length, kv_heads, size)).astype("float32") for _ in "kv")
+    valid = np.arange(length)[None] < np.array([[length], [4], [0]])  # row 2: all padding
+    causal = np.tril(np.ones((length, length), bool))
+    mask = (causal[None] & valid[:, None, :])[:, None, None]  # (B, 1, 1, T, S)
+    logits = np.einsum("btkgh,bskh->bkgts", q * np.float32(size**-0.5), k)
+    assert np.abs(logits).max() > 100
+    logits = np.where(mask, logits, np.float32(-1e9))
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs = np.where(mask, probs / probs.sum(-1, keepdims=True), 0)  # keras.layers.Softmax
+    expected = np.einsum("bkgts,bskh->btkgh", probs, v)
+    feeds = {"q": q, "k": k, "v": v, "mask": mask}
+    (got,) = fused.run(None, feeds)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, unfused.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_reshape_that_is_no_transpose_is_left_alone():
+    """With two key/value heads, (B, S, 2, H) reshaped to (B, 2, S, H) mixes
+    heads and positions: no transpose, so no fusion."""
+    proto = _grouped_attention(2, 2, 4, values_by_reshape=True)
+    declined = []
+    assert fusions.fuse_attention(proto, fusions.tensor_shapes(proto), declined) == 0
+    assert [why for _, why in declined] == [
+        "the grouped values do not reach the product through a transpose and an Unsqueeze"
+    ]

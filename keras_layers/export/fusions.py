@@ -53,6 +53,7 @@ class _Graph:
                 self.consumers[name].append(node)
         self.outputs = {value.name for value in graph.output}
         self.initializers = {init.name: init for init in graph.initializer}
+        self.shapes = {}  # `tensor_shapes`, for the rules that read them
 
     def const(self, name):
         """The values of initializer `name`; None if it is not one, or if its
@@ -392,13 +393,44 @@ _HEADS_FIRST = [0, 2, 1, 3]
 def _transposed(g, name, perm):
     """The input of `Transpose(x, perm)` producing `name`. Other nodes may read
     the transpose too (DeBERTa's relative terms read the key's): the fused op
-    reads `x`, and the transpose stays for them."""
+    reads `x`, and the transpose stays for them. A `Reshape` that computes
+    that transpose counts too (see `_reshape_is_transpose`)."""
     node = g.node(name, "Transpose")
     if node is None:
+        reshape = g.node(name, "Reshape")
+        if reshape is not None and _reshape_is_transpose(g, reshape, perm):
+            return reshape.input[0]
         return None
     if _perm(node) != perm:
         return None
     return node.input[0]
+
+
+def _reshape_is_transpose(g, reshape, perm) -> bool:
+    """Whether `reshape` provably computes `Transpose(x, perm)` of its input x.
+
+    onnxslim writes a transpose that only moves axes of size 1 as a reshape:
+    keras-hub's Gemma has one key/value head, and (B, S, 1, H) to
+    (B, 1, S, H) keeps the memory order. It does when the axes of x not
+    known to be 1 keep their order under `perm`, and each entry of the
+    reshape's constant target is the permuted dim (statically, or 0 where x
+    has that very dim at that axis), with at most one -1, which then takes the
+    one dim left.
+    """
+    dims = g.shapes.get(reshape.input[0], (None,))[0]
+    target = g.const(reshape.input[1])
+    if dims is None or target is None or len(dims) != len(perm) or target.size != len(perm):
+        return False
+    moved = [axis for axis in perm if dims[axis] != 1]
+    if moved != sorted(moved):
+        return False
+    wanted = [dims[axis] for axis in perm]
+    for axis, size in enumerate(target.reshape(-1).tolist()):
+        if size == 0 and dims[axis] is not None and dims[axis] == wanted[axis]:
+            continue
+        if size != -1 and not (isinstance(wanted[axis], int) and size == wanted[axis]):
+            return False
+    return (target == -1).sum() <= 1
 
 
 def _scalar(g, node, name):
@@ -423,6 +455,7 @@ class _Attention:
     bias: str | None = None  # added to the logits, times `bias_scale` if that is set
     bias_scale: float | None = None
     shape_readers: tuple = ()  # `Shape` nodes of the (B, N, T, S) logits
+    groups: int = 1  # query heads per key/value head, see `_match_grouped`
 
 
 def _probabilities_reader(g, softmax):
@@ -628,6 +661,8 @@ def _match_attention(g, softmax, shapes):
     if not g.only_used_by(pv.output[0]):
         return "the attention output is read by more than one node"
     (out,) = g.consumers[pv.output[0]]
+    if out.op_type == "Transpose" and _perm(out) == _GROUPED_BACK:
+        return _match_grouped(g, softmax, shapes, pv, zeroing, out)
     if out.op_type != "Transpose" or _perm(out) != _HEADS_FIRST:
         return "the attention output is not transposed back to (B, T, N, H)"
     v = _transposed(g, pv.input[1], _HEADS_FIRST)
@@ -650,6 +685,76 @@ def _match_attention(g, softmax, shapes):
     zeroes = zeroing is not None
     readers = tuple(shape_readers)
     return _Attention(q, k, v, mask, scale, heads, size, out, zeroes, bias, bias_scale, readers)
+
+
+# Grouped-query attention as `tracing._attention_einsums_as_matmuls` writes
+# keras-hub's `einsum("btkgh,bskh->bkgts")` and `einsum("bkgts,bskh->btkgh")`:
+# q (B, T, K, G, H) to (B, K, G, T, H); k and v (B, S, K, H) to (B, K, H, S)
+# and (B, K, S, H), each with a size-1 group axis inserted at 2; the output
+# (B, K, G, T, H) back to (B, T, K, G, H).
+_GROUPED_Q = [0, 2, 3, 1, 4]
+_GROUPED_BACK = [0, 3, 1, 2, 4]
+
+
+def _grouped_side(g, name, perm):
+    """x of `Unsqueeze(Transpose(x, perm), [2])` producing `name`, or None."""
+    unsqueeze = g.node(name, "Unsqueeze")
+    if unsqueeze is None or len(unsqueeze.input) != 2 or not g.only_used_by(name):
+        return None
+    axes = g.const(unsqueeze.input[1])
+    if axes is None or axes.reshape(-1).tolist() != [2]:
+        return None
+    return _transposed(g, unsqueeze.input[0], perm)
+
+
+def _match_grouped(g, softmax, shapes, pv, zeroing, out):
+    """Match grouped-query attention (see `_GROUPED_Q`): an `_Attention` whose
+    q is (B, T, K, G, H) and k, v (B, S, K, H), or why not.
+
+    K key/value heads each serve G query heads, head k * G + g of the
+    (B, T, K * G, H) query: `fuse_attention` repeats each key and value head G
+    times for `MultiHeadAttention`, as keras-hub's Llama does in the graph
+    itself. The mask must broadcast over the heads: (B or 1, 1, 1, T, S) or
+    of rank up to 3.
+    """
+    v = _grouped_side(g, pv.input[1], _HEADS_FIRST)
+    if v is None:
+        return "the grouped values do not reach the product through a transpose and an Unsqueeze"
+    found = _attention_mask(g, softmax, zeroing)
+    if isinstance(found, str):
+        return found
+    mask, logits = found
+    name, outer = _scaled(g, logits)
+    product = g.node(name, "MatMul")
+    if product is None or not g.only_used_by(name):
+        return "the grouped logits are not a MatMul read only by the softmax's select"
+    q = _transposed(g, product.input[0], _GROUPED_Q)
+    k = _grouped_side(g, product.input[1], [0, 2, 3, 1])
+    if q is None or k is None:
+        return "the grouped query and key do not reach the product through their transposes"
+    q, inner = _scaled(g, q)
+    factors = [s for s in (outer, inner) if s is not None]
+    scale = float(np.prod(np.float32(factors))) if factors else 1.0
+    if not scale or not np.isfinite(scale):
+        return "the logits are not scaled by a finite, nonzero constant"
+    known = [shapes.get(name) for name in (q, k, v, out.output[0])]
+    if any(info is None for info in known) or [len(i[0]) for i in known] != [5, 4, 4, 5]:
+        return "the grouped q, k, v or output has no known rank 5, 4, 4, 5"
+    if any(info[1] != TensorProto.FLOAT for info in known):
+        return "not float32: ONNX Runtime's CPU MultiHeadAttention is float32"
+    kv_heads, groups, size = known[0][0][2:]
+    if not all(isinstance(d, int) for d in (kv_heads, groups, size)):
+        return "the number of heads or the head size is not static"
+    if known[1][0][2:] != [kv_heads, size] or known[2][0][2:] != [kv_heads, size]:
+        return "the grouped key or value differs from the query in heads or head size"
+    if known[3][0][2:] != [kv_heads, groups, size]:
+        return "the grouped output differs from the query in heads or head size"
+    if mask is not None:
+        dims = shapes.get(mask, (None,))[0]
+        if dims is None or not (len(dims) <= 3 or (len(dims) == 5 and dims[1:3] == [1, 1])):
+            return "the grouped mask is not (B or 1, 1, 1, T, S) or of rank up to 3"
+    heads, zeroes = kv_heads * groups, zeroing is not None
+    return _Attention(q, k, v, mask, scale, heads, size, out, zeroes, groups=groups)
 
 
 def _visible_rows(mask, rank, fresh, constant):
@@ -737,6 +842,7 @@ def fuse_attention(proto, shapes: dict, declined: list | None = None) -> int:
         declined.append(("", "opset below 15"))
         return 0
     g = _Graph(proto.graph)
+    g.shapes = shapes
     graph = proto.graph
     taken = {*g.producer, *g.initializers, *(value.name for value in graph.input)}
 
@@ -749,6 +855,7 @@ def fuse_attention(proto, shapes: dict, declined: list | None = None) -> int:
     # New nodes go in just before the transpose they replace, except each
     # mask's bias and visible rows, computed once, just after the mask.
     before, after, fused, biases, visible = {}, defaultdict(list), 0, {}, {}
+    squeezed = {}  # grouped attention's 5-D masks, made 4-D
 
     constants = {}
 
@@ -764,20 +871,39 @@ def fuse_attention(proto, shapes: dict, declined: list | None = None) -> int:
             declined.append((softmax.output[0], match))
             continue
         q, k, v, mask, out = match.q, match.k, match.v, match.mask, match.out
-        heads, size = match.heads, match.size
-        labels = ("q", "k", "v", "b", "t", "s", "bias_shape", "bias", "out", "heads")
+        heads, size, groups = match.heads, match.size, match.groups
+        labels = ("q", "k", "v", "b", "t", "s", "bias_shape", "bias", "out", "heads", "kept")
         name = {label: fresh(f"{out.output[0]}_mha_{label}") for label in labels}
         # Not [0, 0, -1]: with 0 batch or sequence, -1 cannot be inferred.
         flat = constant(f"mha_flat_{heads * size}", np.array([0, 0, heads * size], np.int64))
-        nodes = [
+        nodes = []
+        if groups > 1:  # each key and value head repeated for its G query heads
+            repeat = constant(f"mha_groups_{groups}", np.array([1, 1, 1, groups, 1], np.int64))
+            axis = constant("mha_group_axis", np.array([3], np.int64))
+            for label in ("k", "v"):
+                source, wide = (k, v)[label == "v"], fresh(f"{name[label]}_groups")
+                nodes += [
+                    helper.make_node("Unsqueeze", [source, axis], [f"{wide}_1"]),
+                    helper.make_node("Expand", [f"{wide}_1", repeat], [wide]),
+                ]
+                k, v = (wide, v) if label == "k" else (k, wide)
+        nodes += [
             helper.make_node("Reshape", [source, flat], [name[label]])
             for source, label in ((q, "q"), (k, "k"), (v, "v"))
         ]
         inputs = [name["q"], name["k"], name["v"]]
+        anchor = mask  # the mask's own nodes go just after it
+        if mask is not None and groups > 1 and len(shapes[mask][0]) == 5:
+            # (B or 1, 1, 1, T, S) to (B or 1, 1, T, S), once.
+            if mask not in squeezed:
+                squeezed[mask] = fresh(f"{mask}_4d")
+                axis = constant("mha_head_axis", np.array([1], np.int64))
+                after[mask].append(helper.make_node("Squeeze", [mask, axis], [squeezed[mask]]))
+            mask = squeezed[mask]
         if mask is not None and mask not in biases:
             biases[mask] = fresh(f"{mask}_bias")
             zero, masked = constant("mha_zero", np.float32(0)), constant("mha_masked", _MASKED)
-            after[mask].append(helper.make_node("Where", [mask, zero, masked], [biases[mask]]))
+            after[anchor].append(helper.make_node("Where", [mask, zero, masked], [biases[mask]]))
         bias = biases.get(mask)
         if match.bias is not None:
             # The added bias, scaled and summed with the mask's once for all
@@ -828,21 +954,31 @@ def fuse_attention(proto, shapes: dict, declined: list | None = None) -> int:
             )
         )
         split = constant(f"mha_split_{heads}_{size}", np.array([0, 0, heads, size], np.int64))
+        back = split
+        if groups > 1:
+            kv_heads = heads // groups
+            back = constant(
+                f"mha_split_{kv_heads}_{groups}_{size}",
+                np.array([0, 0, kv_heads, groups, size], np.int64),
+            )
         before[out.output[0]] = nodes
-        if not match.zeroes_masked_rows:
-            out.CopyFrom(helper.make_node("Reshape", [name["out"], split], list(out.output)))
-        else:
+        last = helper.make_node("Reshape", [name["out"], back], [])
+        if match.zeroes_masked_rows:
             # The fused op gives a query that sees no key the mean of the
             # values (uniform weights); keras.layers.Softmax gives it 0.
             if mask not in visible:
-                rank = len(shapes[mask][0])
+                rank = 4 if mask != anchor else len(shapes[mask][0])
                 computed, visible[mask] = _visible_rows(mask, rank, fresh, constant)
-                after[mask] += computed
+                after[anchor] += computed
             nodes.append(helper.make_node("Reshape", [name["out"], split], [name["heads"]]))
             zero = constant("mha_zero", np.float32(0))
-            out.CopyFrom(
-                helper.make_node("Where", [visible[mask], name["heads"], zero], list(out.output))
-            )
+            last = helper.make_node("Where", [visible[mask], name["heads"], zero], [])
+            if groups > 1:
+                last.output.append(name["kept"])
+                nodes.append(last)
+                last = helper.make_node("Reshape", [name["kept"], back], [])
+        last.output.extend(out.output)
+        out.CopyFrom(last)
         fused += 1
     if fused:
         sources = {*g.initializers, *(value.name for value in graph.input)}
