@@ -581,6 +581,17 @@ def _product(g, name, shape_readers: list):
     return q, k, [outer, middle, inner]
 
 
+def _combined_scale(factors: list):
+    """The product of the scalar factors found (None: no factor), or why the
+    fused op cannot take it: `MultiHeadAttention` reads scale=0 as "not set"
+    and uses 1/sqrt(H)."""
+    found = [factor for factor in factors if factor is not None]
+    scale = float(np.prod(np.float32(found))) if found else 1.0
+    if not scale or not np.isfinite(scale):
+        return "the logits are not scaled by a finite, nonzero constant"
+    return scale
+
+
 def _attention_logits(g, logits, shapes):
     """(q, k, scale, bias, bias scale) for logits `scale * q.k^T + bias_scale * bias`,
     bias and bias scale None where there is none; or a reason.
@@ -624,11 +635,9 @@ def _attention_logits(g, logits, shapes):
     q, k, factors = found
     if bias is not None:
         factors = [*factors, outer]
-    factors = [s for s in factors if s is not None]
-    scale = float(np.prod(np.float32(factors))) if factors else 1.0
-    # MultiHeadAttention reads scale=0 as "not set" and uses 1/sqrt(H).
-    if not scale or not np.isfinite(scale):
-        return "the logits are not scaled by a finite, nonzero constant"
+    scale = _combined_scale(factors)
+    if isinstance(scale, str):
+        return scale
     return q, k, scale, bias, (outer if bias is not None else None), readers
 
 
@@ -733,10 +742,9 @@ def _match_grouped(g, softmax, shapes, pv, zeroing, out):
     if q is None or k is None:
         return "the grouped query and key do not reach the product through their transposes"
     q, inner = _scaled(g, q)
-    factors = [s for s in (outer, inner) if s is not None]
-    scale = float(np.prod(np.float32(factors))) if factors else 1.0
-    if not scale or not np.isfinite(scale):
-        return "the logits are not scaled by a finite, nonzero constant"
+    scale = _combined_scale([outer, inner])
+    if isinstance(scale, str):
+        return scale
     known = [shapes.get(name) for name in (q, k, v, out.output[0])]
     if any(info is None for info in known) or [len(i[0]) for i in known] != [5, 4, 4, 5]:
         return "the grouped q, k, v or output has no known rank 5, 4, 4, 5"
