@@ -465,6 +465,40 @@ def real_models_skip_norms_table(report: dict) -> str:
     return markdown_table(header, [False, False, True, True, True], rows)
 
 
+# --- attention_forms.json -----------------------------------------------------------
+
+
+def attention_forms_speed_table(report: dict) -> str:
+    """Each model's export with the attention fusion against the same without it."""
+    rows = []
+    for label, entry in report["models"].items():
+        nodes = entry["nodes"]
+        for shape, row in entry["latency"].items():
+            rows.append(
+                [
+                    label,
+                    entry["form"],
+                    str(entry["fused_attentions"]),
+                    f"{nodes['unfused']} -> {nodes['fused']}",
+                    shape.replace("x", " x "),
+                    f"{row['ms']['unfused']:.2f}",
+                    f"{row['ms']['fused']:.2f}",
+                    f"{row['fused_over_unfused']:.2f}",
+                ]
+            )
+    header = [
+        "model",
+        "form",
+        "fused",
+        "nodes",
+        "batch x sequence",
+        "unfused ms",
+        "fused ms",
+        "fused / unfused",
+    ]
+    return markdown_table(header, [False, False, True, True, False, True, True, True], rows)
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "export_bench.files": export_bench_files_table,
     "export_bench.latency": export_bench_latency_table,
@@ -477,6 +511,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "real_models.latency": real_models_latency_table,
     "real_models.files": real_models_files_table,
     "real_models.skip_norms": real_models_skip_norms_table,
+    "attention_forms.speed": attention_forms_speed_table,
 }
 
 

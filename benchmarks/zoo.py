@@ -74,6 +74,7 @@ def _from_report(row: dict, report: dict) -> None:
         nodes_converted=graph["nodes_converted"],
         nodes_final=graph["nodes_final"],
         fused={op: count for op, count in graph["fused"].items() if count},
+        declined=graph.get("declined", {}),
         stage_seconds=report["stage_seconds"],
     )
 
@@ -233,9 +234,32 @@ def zoo_table(report: dict) -> str:
     table = markdown_table(header, [False] * 3 + [True] * 5 + [False, True, False], rows)
     skipped = [row for row in report["models"] if row["status"] == "skipped"]
     lines = [f"- `{row['name']}`: {row['error']}" for row in skipped]
+    unfused = [
+        f"- `{row['name']}`: "
+        + "; ".join(f"{reason} (x{count})" for reason, count in reasons.items())
+        for row in tested
+        if (reasons := row.get("declined", {}).get("MultiHeadAttention"))
+    ]
     # (no trailing newline: the page's markers hold the body stripped of it)
     return "\n".join(
-        [table, "", f"Skipped by the rule, not text models ({len(skipped)} classes):", "", *lines]
+        [
+            table,
+            "",
+            *(
+                [
+                    "Attention left unfused, with the reason the report's `graph.declined`"
+                    f" gives ({len(unfused)} models):",
+                    "",
+                    *unfused,
+                    "",
+                ]
+                if unfused
+                else []
+            ),
+            f"Skipped by the rule, not text models ({len(skipped)} classes):",
+            "",
+            *lines,
+        ]
     ).rstrip("\n")
 
 

@@ -61,6 +61,24 @@ def test_scaling_benchmark_quick_mode_reports_both_sweeps():
     assert (results_io.RESULTS / "scaling.quick.png").exists()
 
 
+@pytest.mark.zoo  # builds keras-hub models by class, as the zoo tier does
+def test_attention_forms_benchmark_quick_mode_fuses_and_agrees():
+    """Gemma (grouped queries) and T5 (relative bias): every attention of the
+    fused file is one op, the unfused file has none, and both agree."""
+    from benchmarks import attention_forms
+
+    report = attention_forms.main(["--quick"])
+    layers = attention_forms.QUICK_SIZES["num_layers"]
+    expected = {"Gemma": layers, "T5": 3 * layers}  # T5: self, decoder self, cross
+    for label, entry in report["models"].items():
+        assert entry["fused_attentions"] == expected[label], label
+        assert entry["nodes"]["fused"] != entry["nodes"]["unfused"], label
+        for row in entry["latency"].values():
+            assert row["max_abs_difference"] <= attention_forms.AGREEMENT_ATOL, label
+            assert row["ms"]["fused"] > 0 and row["ms"]["unfused"] > 0
+    assert (results_io.RESULTS / "attention_forms.quick.png").exists()
+
+
 @pytest.mark.peers
 def test_real_models_benchmark_quick_mode_compares_all_four_exports():
     from benchmarks import real_models

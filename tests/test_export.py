@@ -560,6 +560,32 @@ def test_nan_in_keras_own_outputs_fails_unless_allowed(tmp_path):
     assert report["passed"] and report["checks"][0]["keras_nonfinite"] > 0.2
 
 
+def test_the_padded_point_has_a_row_of_padding_only_and_its_nan_is_compared(tmp_path):
+    """A masked mean over a row with no token is 0 / 0 in Keras: NaN there
+    alone is the model's right answer, not a failure, but ONNX must give it
+    too. NaN in a row with tokens, or a number where Keras has NaN, fails."""
+    from keras_layers.export.loading import load
+    from keras_layers.export.validating import compare, make_inputs
+
+    ids = keras.Input((None,), dtype="int32", name="ids")
+    hidden = keras.layers.Embedding(50, 4, mask_zero=True)(ids)
+    model = keras.Model(ids, keras.layers.GlobalAveragePooling1D()(hidden))
+    feeds = make_inputs(load(model), "padded", np.random.default_rng(0))
+    assert not feeds["ids"][-1].any() and feeds["ids"][:-1, 0].all()  # the last row: padding
+    report = export_model(model, tmp_path / "mean.onnx", shapes=["padded"])
+    (check,) = report["checks"]
+    assert report["passed"] and 0 < check["keras_nonfinite"] < 0.25
+
+    valid = np.array([[True, True], [False, False]])
+    expected = np.array([[1.0, 2.0], [np.nan, np.nan]], np.float32)
+    assert compare("p", "y", expected.copy(), expected, 1e-4, 1e-3, valid).passed
+    numbers = np.nan_to_num(expected)
+    assert compare("p", "y", numbers, expected, 1e-4, 1e-3, valid).problem == (
+        "NaN or infinity differs"
+    )
+    assert not compare("p", "y", expected[::-1].copy(), expected[::-1], 1e-4, 1e-3, valid).passed
+
+
 @keras.saving.register_keras_serializable(package="tests")
 class ScaleByEagerConstant(keras.layers.Layer):
     """Holds a tensor made eagerly, as GemmaBackbone's sqrt(hidden_dim): the

@@ -496,6 +496,7 @@ def test_a_bias_the_fused_op_cannot_take_is_left_alone(bias_shape, reason):
     assert [why for _, why in declined] == [reason]
 
 
+@pytest.mark.zoo  # minutes in all: with the zoo tier (the default suite has the graphs above)
 @pytest.mark.parametrize(
     ("name", "attentions"),
     [
