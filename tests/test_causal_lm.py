@@ -98,6 +98,21 @@ def test_a_keras_hub_decoder_exports_with_its_cache_and_passes_every_check(expor
     assert report["graph"]["stack_picks_folded"] >= 2
 
 
+def test_grouped_attention_stays_unfused_in_a_decoder_with_a_cache(exported):
+    """One query against the whole cache: repeating Gemma's key/value head for
+    the fused op costs more than it saves (fusions.fuse_attention), so the
+    decoder keeps it unfused and says so; the other decoders fuse theirs."""
+    model, _, report = exported
+    graph = report["graph"]
+    if type(model.backbone).__name__ == "GemmaBackbone":
+        assert graph["fused"]["MultiHeadAttention"] == 0
+        reasons = graph["declined"]["MultiHeadAttention"]
+        reason = "grouped-query attention in a decoder with a cache (see fuse_attention)"
+        assert reasons == {reason: model.backbone.num_layers}
+    else:
+        assert graph["fused"]["MultiHeadAttention"] == model.backbone.num_layers
+
+
 def test_generated_tokens_are_keras_hubs_own_greedy_tokens(exported):
     """Against `CausalLM.generate`, compiled by keras-hub: a second
     implementation of padding, lockstep and the cached call."""

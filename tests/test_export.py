@@ -623,6 +623,8 @@ def test_gemma_backbone_exports_with_its_captured_scale(tmp_path):
     assert report["passed"]
     names = sorted(i.name for i in onnx.load(tmp_path / "gemma.onnx").graph.input)
     assert names == ["padding_mask", "token_ids"]
+    # Its grouped-query attention (2 query heads on 1 key/value head) is fused.
+    assert report["graph"]["fused"]["MultiHeadAttention"] == 1
 
 
 @keras.saving.register_keras_serializable(package="tests")

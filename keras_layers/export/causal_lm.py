@@ -33,6 +33,9 @@ from keras_layers.export.loading import LoadedModel, TensorInfo, flatten
 from keras_layers.export.tracing import TracedModel, trace_call
 
 TASKS = ("forward", "causal-lm")
+# The cache inputs' sequence axis: the slim stage reads it to tell a decoder
+# with a cache (`slimming.slim`).
+PAST_AXIS = "past_sequence"
 # Validation: decode steps after the prompt, checked logit by logit against
 # Keras' own cached call, and as many greedy tokens compared with Keras
 # recomputing the whole sequence at every step.
@@ -72,7 +75,7 @@ class Decoder:
         ids = TensorInfo("input_ids", (None, None), self.ids_dtype, role="ids")
         ids.axes = ("batch", "sequence")
         names = self.cache_names("past_key_values")
-        return [ids] + [self._cache_info(name, "past_sequence") for name in names]
+        return [ids] + [self._cache_info(name, PAST_AXIS) for name in names]
 
     def outputs(self) -> list:
         logits = TensorInfo("logits", (None, None, self.vocabulary), self.dtype)

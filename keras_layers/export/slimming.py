@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from keras_layers.export import dims, fusions, stacks
+from keras_layers.export import causal_lm, dims, fusions, stacks
 from keras_layers.export.loading import TensorInfo
 
 # Tensors smaller than this are not worth hashing.
@@ -726,7 +726,12 @@ def slim(
     fused["MatMul"] = fusions.fuse_tensordot_matmuls(proto)
     if run_onnxslim:
         attention = declined["MultiHeadAttention"]
-        fused["MultiHeadAttention"] = fusions.fuse_attention(proto, shapes, attention)
+        # A decoder with a cache (its cache inputs name a past axis) mostly
+        # runs one query at a time: see `fusions.fuse_attention`.
+        cached = any(info.axes and causal_lm.PAST_AXIS in info.axes for info in inputs)
+        fused["MultiHeadAttention"] = fusions.fuse_attention(
+            proto, shapes, attention, grouped=not cached
+        )
         # After attention, whose match needs shape inference: ONNX knows no
         # SimplifiedLayerNormalization, so inference stops at one.
         # The nodes the fusions above replaced would be candidates too.
