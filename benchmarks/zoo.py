@@ -247,8 +247,11 @@ def zoo_table(report: dict) -> str:
             "",
             *(
                 [
-                    "Attention left unfused, with the reason the report's `graph.declined`"
-                    f" gives ({len(unfused)} models):",
+                    "Softmaxes not fused into attention, with the reason the report's"
+                    f" `graph.declined` gives ({len(unfused)} models). Every softmax is a"
+                    " candidate: a mixture-of-experts router's (Mixtral, Qwen MoE, GPT-OSS)"
+                    " is no attention, and its reason is that its probabilities weigh no"
+                    " values:",
                     "",
                     *unfused,
                     "",
