@@ -1,4 +1,8 @@
-"""The benchmark scripts run (a smoke test: no timing is asserted)."""
+"""The benchmark scripts run (a smoke test: no timing is asserted).
+
+Each quick run exports and times models for tens of seconds, so they run as
+a CI phase of their own (`-m benchmarks`, or `-m peers` for the one that
+needs torch), keeping the default suite within its budget."""
 
 import json
 
@@ -6,7 +10,8 @@ import pytest
 
 from benchmarks import layers, results_io
 
-pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
+# TensorFlow: the export pipeline runs on it.
+pytestmark = [pytest.mark.tensorflow_only, pytest.mark.benchmarks]
 
 
 def test_layers_benchmark_quick_mode_writes_every_row():
@@ -61,7 +66,6 @@ def test_scaling_benchmark_quick_mode_reports_both_sweeps():
     assert (results_io.RESULTS / "scaling.quick.png").exists()
 
 
-@pytest.mark.zoo  # builds keras-hub models by class, as the zoo tier does
 def test_attention_forms_benchmark_quick_mode_fuses_and_agrees():
     """Gemma (grouped queries) and T5 (relative bias): every attention of the
     fused file is one op, the unfused file has none, and both agree."""
