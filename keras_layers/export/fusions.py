@@ -894,13 +894,15 @@ def fuse_attention(proto, shapes: dict, declined: list | None = None, grouped: b
         if groups > 1:  # each key and value head repeated for its G query heads
             repeat = constant(f"mha_groups_{groups}", np.array([1, 1, 1, groups, 1], np.int64))
             axis = constant("mha_group_axis", np.array([3], np.int64))
-            for label in ("k", "v"):
-                source, wide = (k, v)[label == "v"], fresh(f"{name[label]}_groups")
+            repeated = []
+            for label, source in (("k", k), ("v", v)):
+                wide = fresh(f"{name[label]}_groups")
                 nodes += [
                     helper.make_node("Unsqueeze", [source, axis], [f"{wide}_1"]),
                     helper.make_node("Expand", [f"{wide}_1", repeat], [wide]),
                 ]
-                k, v = (wide, v) if label == "k" else (k, wide)
+                repeated.append(wide)
+            k, v = repeated
         nodes += [
             helper.make_node("Reshape", [source, flat], [name[label]])
             for source, label in ((q, "q"), (k, "k"), (v, "v"))
@@ -943,7 +945,10 @@ def fuse_attention(proto, shapes: dict, declined: list | None = None, grouped: b
             # Expand broadcasts both ways, so a batch or head axis of the
             # bias's own stays as it is and a missing one becomes B or 1.
             one = constant("mha_one", np.array([1], np.int64))
-            batch = name["b"] if match.bias is None else one
+            batch = one
+            if match.bias is None:  # the mask's bias alone: (B, 1, T, S), as before
+                nodes.append(helper.make_node("Shape", [q], [name["b"]], start=0, end=1))
+                batch = name["b"]
             nodes += [
                 helper.make_node("Shape", [q], [name["t"]], start=1, end=2),
                 helper.make_node("Shape", [k], [name["s"]], start=1, end=2),
@@ -952,8 +957,6 @@ def fuse_attention(proto, shapes: dict, declined: list | None = None, grouped: b
                 ),
                 helper.make_node("Expand", [bias, name["bias_shape"]], [name["bias"]]),
             ]
-            if match.bias is None:
-                nodes.insert(-3, helper.make_node("Shape", [q], [name["b"]], start=0, end=1))
             inputs += ["", "", name["bias"]]
         for reader in match.shape_readers:
             before[reader.output[0]] = _logits_shape(q, k, heads, reader, fresh, constant)
