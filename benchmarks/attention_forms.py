@@ -1,4 +1,5 @@
-"""Each form of attention keras-hub writes, fused and not, side by side in ONNX Runtime.
+"""Each form of attention keras-hub writes, and its rotary embeddings, fused and not,
+side by side in ONNX Runtime.
 
     python benchmarks/attention_forms.py           # results/attention_forms.json and .png
     python benchmarks/attention_forms.py --quick   # a smoke run: two models, small
@@ -15,6 +16,8 @@ of 4 layers, 256 wide, 4 heads of 64 (Gemma: 1 key/value head), 1024 in the
 MLP, a vocabulary of 1000; latency medians at (1, 128), (8, 128) and
 (1, 512), interleaved, sessions that stop spinning after a run (see
 `export_bench.session`). Both files are checked to agree on each timing feed.
+Llama's row switches the rotary-embedding fusion (`fusions.rotary`) instead,
+the attention fused in both files.
 """
 
 import argparse
@@ -28,16 +31,22 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # zoo_models builds keras-hub models by class
 
-# (label, keras-hub class): one of each form the fusion matches.
+# label: (keras-hub class, the form, the fusion switched): one of each form.
 MODELS = {
-    "Gemma": ("GemmaBackbone", "grouped queries: 4 query heads share 1 key/value head"),
-    "T5": ("T5Backbone", "relative position bias added to unscaled logits"),
-    "Falcon": ("FalconBackbone", "ALiBi bias, scaled after it is added"),
-    "GPT-NeoX": ("GPTNeoXBackbone", "scale inside the einsum's transpose"),
-    "DeBERTa-v3": ("DebertaV3Backbone", "disentangled position terms as a bias"),
-    "CLIP text": ("CLIPTextEncoder", "causal mask built from the logits' shape"),
+    "Gemma": ("GemmaBackbone", "grouped queries: 4 query heads on 1 key/value head", "attention"),
+    "T5": ("T5Backbone", "relative position bias added to unscaled logits", "attention"),
+    "Falcon": ("FalconBackbone", "ALiBi bias, scaled after it is added", "attention"),
+    "GPT-NeoX": ("GPTNeoXBackbone", "scale inside the einsum's transpose", "attention"),
+    "DeBERTa-v3": ("DebertaV3Backbone", "disentangled position terms as a bias", "attention"),
+    "CLIP text": ("CLIPTextEncoder", "causal mask built from the logits' shape", "attention"),
+    "Llama": ("LlamaBackbone", "rotary embeddings of queries and keys", "rotary"),
 }
-QUICK_MODELS = {name: MODELS[name] for name in ("Gemma", "T5")}
+QUICK_MODELS = {name: MODELS[name] for name in ("Gemma", "T5", "Llama")}
+# The fusion each row switches off: (module, function, the op it writes).
+SWITCHES = {
+    "attention": ("keras_layers.export.fusions", "fuse_attention", "MultiHeadAttention"),
+    "rotary": ("keras_layers.export.fusions.rotary", "fuse_rotary_embeddings", "RotaryEmbedding"),
+}
 # Sizes by constructor argument name; each class takes those it has.
 SIZES = {
     "vocabulary_size": 1000,
@@ -91,15 +100,18 @@ def feeds_for(model, batch: int, length: int, vocabulary: int) -> dict:
     return feeds
 
 
-def export_both(model, folder: Path) -> dict:
+def export_both(model, folder: Path, switch: str = "attention") -> dict:
     """{"fused": path, "unfused": path}: the same export with and without the
-    attention fusion, each validated on a small grid."""
-    from keras_layers.export import export_model, fusions
+    fusion `switch` (a key of SWITCHES), each validated on a small grid."""
+    import importlib
 
+    from keras_layers.export import export_model
+
+    module, function, _ = SWITCHES[switch]
     paths = {name: folder / f"{name}.onnx" for name in ("fused", "unfused")}
     shapes = [(2, 16), "padded"]
     export_model(model, paths["fused"], shapes=shapes)
-    with mock.patch.object(fusions, "fuse_attention", return_value=0):
+    with mock.patch.object(importlib.import_module(module), function, return_value=0):
         export_model(model, paths["unfused"], shapes=shapes)
     return paths
 
@@ -161,14 +173,17 @@ def main(argv=None):
         "sizes": sizes,
         "models": {},
     }
-    for label, (cls_name, form) in models.items():
-        model = build(cls_name, sizes)
+    for label, (cls_name, form, switch) in models.items():
+        # Llama: 4 query heads on 2 key/value heads, as in real_models.py.
+        model = build(cls_name, sizes | ({"num_key_value_heads": 2} if switch == "rotary" else {}))
         with tempfile.TemporaryDirectory(prefix="attention_forms_") as folder:
-            paths = export_both(model, Path(folder))
+            paths = export_both(model, Path(folder), switch)
+            op = SWITCHES[switch][2]
             report["models"][label] = {
                 "class": cls_name,
                 "form": form,
-                "fused_attentions": op_count(paths["fused"], "MultiHeadAttention"),
+                "op": op,
+                "fused_ops": op_count(paths["fused"], op),
                 "nodes": {name: op_count(path) for name, path in paths.items()},
                 "latency": time_model(
                     paths, model, shapes, sizes["vocabulary_size"], rounds, calls

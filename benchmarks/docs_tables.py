@@ -469,7 +469,7 @@ def real_models_skip_norms_table(report: dict) -> str:
 
 
 def attention_forms_speed_table(report: dict) -> str:
-    """Each model's export with the attention fusion against the same without it."""
+    """Each model's export with one fusion against the same without it."""
     rows = []
     for label, entry in report["models"].items():
         nodes = entry["nodes"]
@@ -478,7 +478,7 @@ def attention_forms_speed_table(report: dict) -> str:
                 [
                     label,
                     entry["form"],
-                    str(entry["fused_attentions"]),
+                    f"{entry['fused_ops']} {entry['op']}",
                     f"{nodes['unfused']} -> {nodes['fused']}",
                     shape.replace("x", " x "),
                     f"{row['ms']['unfused']:.2f}",

@@ -45,6 +45,7 @@ FUSED_LABELS = {
     "MatMul": "MatMul",
     "MultiHeadAttention": "MHA",
     "SimplifiedLayerNormalization": "RMSNorm",
+    "RotaryEmbedding": "RoPE",
 }
 
 

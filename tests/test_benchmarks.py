@@ -68,14 +68,17 @@ def test_scaling_benchmark_quick_mode_reports_both_sweeps():
 
 def test_attention_forms_benchmark_quick_mode_fuses_and_agrees():
     """Gemma (grouped queries) and T5 (relative bias): every attention of the
-    fused file is one op, the unfused file has none, and both agree."""
+    fused file is one op; Llama: every rotation of a query or key is one op.
+    The unfused file differs, and both agree."""
     from benchmarks import attention_forms
 
     report = attention_forms.main(["--quick"])
     layers = attention_forms.QUICK_SIZES["num_layers"]
-    expected = {"Gemma": layers, "T5": 3 * layers}  # T5: self, decoder self, cross
+    # T5: self, decoder self, cross; Llama: the query and the key.
+    expected = {"Gemma": layers, "T5": 3 * layers, "Llama": 2 * layers}
+    assert set(report["models"]) == set(expected)
     for label, entry in report["models"].items():
-        assert entry["fused_attentions"] == expected[label], label
+        assert entry["fused_ops"] == expected[label], label
         assert entry["nodes"]["fused"] != entry["nodes"]["unfused"], label
         for row in entry["latency"].values():
             assert row["max_abs_difference"] <= attention_forms.AGREEMENT_ATOL, label

@@ -12,6 +12,7 @@ import sys
 
 import keras
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -111,6 +112,18 @@ def test_grouped_attention_stays_unfused_in_a_decoder_with_a_cache(exported):
         assert reasons == {reason: model.backbone.num_layers}
     else:
         assert graph["fused"]["MultiHeadAttention"] == model.backbone.num_layers
+
+
+def test_rotary_embeddings_are_fused_with_the_cache_offset_inside_their_angles(exported):
+    """Llama and Gemma turn each query and key by its position past the cache
+    (fusions.rotary); GPT-2 has learned positions and nothing to fuse. That the
+    offset is right is what the prompt, decode-step and greedy checks prove."""
+    model, path, report = exported
+    rotations = 0 if type(model.backbone).__name__ == "GPT2Backbone" else 2
+    expected = rotations * model.backbone.num_layers
+    assert report["passed"] and report["graph"]["fused"]["RotaryEmbedding"] == expected
+    assert [n.op_type for n in onnx.load(path).graph.node].count("RotaryEmbedding") == expected
+    assert "RotaryEmbedding" not in report["graph"]["declined"]
 
 
 def test_generated_tokens_are_keras_hubs_own_greedy_tokens(exported):

@@ -250,23 +250,33 @@ def _keras_hub_model(kind):
 
 
 @pytest.mark.tensorflow_only
-@pytest.mark.parametrize("kind", ["bart", "llama"])
+@pytest.mark.parametrize("kind", ["bart", "llama", "llama with its cache"])
 def test_every_claimed_dim_is_the_run_time_dim_on_keras_hub_models(tmp_path, kind):
     """The evaluation's claims against ONNX Runtime's actual shapes, on every
     tensor of an exported keras-hub model, with the encoder and decoder lengths
-    apart (the claims are read with batch 3, sequence 7, decoder_sequence 5)."""
+    apart (the claims are read with batch 3, sequence 7, decoder_sequence 5;
+    a cached decoder's past 4 long, so its total length, 11, no Dim can write)."""
+    import keras_hub
+
     from keras_layers.export import export_model
 
-    path = tmp_path / f"{kind}.onnx"
-    report = export_model(_keras_hub_model(kind), path, shapes=[(2, 6), "padded"])
-    if kind == "llama":  # each decoder layer's mask and rotary tables
+    path = tmp_path / "model.onnx"
+    if kind == "llama with its cache":
+        model = keras_hub.models.LlamaCausalLM(_keras_hub_model("llama"), preprocessor=None)
+        report = export_model(model, path, task="causal-lm")
+    else:
+        report = export_model(_keras_hub_model(kind), path, shapes=[(2, 6), "padded"])
+    if kind != "bart":  # each decoder layer's mask and rotary tables
         assert report["graph"]["shapes_shared"] > 0
     proto = onnx.load(path)
     claimed = symbolic_dims(proto.graph)
     session = ort.InferenceSession(_every_tensor_an_output(proto).SerializeToString())
-    sizes = {"batch": 3, "sequence": 7, "decoder_sequence": 5}
+    sizes = {"batch": 3, "sequence": 7, "decoder_sequence": 5, "past_sequence": 4}
     feeds = {
-        value.name: np.ones((3, sizes[value.shape[1]]), "int32") for value in session.get_inputs()
+        value.name: np.ones(
+            [sizes.get(d, d) for d in value.shape], "int32" if "int" in value.type else "float32"
+        )
+        for value in session.get_inputs()
     }
     names = [value.name for value in session.get_outputs()]
     actual = dict(zip(names, session.run(None, feeds), strict=True))
@@ -386,6 +396,39 @@ CLAIM_CASES = {
         [],
         [_int("p", 2), _int("q", 5), _int("zero_scalar", 0), _int("one_scalar", 1)],
         {},
+    ),
+    "range to a limit not known": _claim_case(
+        [
+            helper.make_node("ReduceSum", ["v"], ["limit"], keepdims=0),
+            helper.make_node("Range", ["zero_scalar", "limit", "one_scalar"], ["y"]),
+        ],
+        [_int_in("v", ["n"])],
+        [_int("zero_scalar", 0), _int("one_scalar", 1)],
+        {"v": np.array([2, 3])},
+    ),
+    "expand to a shape partly known": _claim_case(
+        [
+            helper.make_node("Shape", ["x"], ["sx"]),
+            helper.make_node("ReduceSum", ["v"], ["total"], keepdims=1),
+            helper.make_node("Concat", ["sx", "total"], ["target"], axis=0),
+            helper.make_node("Cast", ["target"], ["wide"], to=TensorProto.INT32),
+            helper.make_node("Cast", ["wide"], ["back"], to=TensorProto.INT64),
+            helper.make_node("Expand", ["x", "back"], ["y"]),
+        ],
+        [_float_in("x", ["a", 1]), _int_in("v", [2])],
+        [],
+        {"x": _zeros(4, 1), "v": np.array([2, 3])},
+    ),
+    "constant of a shape partly known": _claim_case(
+        [
+            helper.make_node("Shape", ["x"], ["sx"]),
+            helper.make_node("ReduceSum", ["v"], ["total"], keepdims=1),
+            helper.make_node("Concat", ["sx", "total"], ["target"], axis=0),
+            helper.make_node("ConstantOfShape", ["target"], ["y"]),
+        ],
+        [_float_in("x", ["a"]), _int_in("v", [2])],
+        [],
+        {"x": _zeros(4), "v": np.array([2, 3])},
     ),
     "reshape target 0 at run time": _claim_case(
         [

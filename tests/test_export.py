@@ -310,6 +310,7 @@ def test_layer_norms_and_dense_layers_are_folded(encoder_export):
         "MatMul": 5,
         "MultiHeadAttention": 2,
         "SimplifiedLayerNormalization": 0,  # LayerNorms, not RMS norms
+        "RotaryEmbedding": 0,  # sinusoidal positions, added once, not rotations
         # The encoder's feed-forward uses relu: no gelu to fuse.
         "Gelu": 0,
         "BiasGelu": 0,

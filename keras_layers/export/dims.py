@@ -112,12 +112,15 @@ _SAME_AS_FIRST = {
     "Abs", "Cast", "Ceil", "Cos", "Elu", "Erf", "Exp", "FastGelu", "Floor", "Gelu", "BiasGelu",
     "HardSigmoid", "Identity", "IsInf", "IsNaN", "LayerNormalization", "LeakyRelu", "Log",
     "LogSoftmax", "Neg", "Not", "QuickGelu", "Reciprocal", "Relu", "Round", "Selu", "Sigmoid",
-    "Sign", "SimplifiedLayerNormalization", "Sin", "Softmax", "Softplus", "Softsign", "Sqrt",
-    "Tanh", "Trilu", "CumSum", "Dropout",
+    "RotaryEmbedding", "Sign", "SimplifiedLayerNormalization", "Sin", "Softmax", "Softplus",
+    "Softsign", "Sqrt", "Tanh", "Trilu", "CumSum", "Dropout",
 }  # fmt: skip
 # ONNX Runtime's own ops this evaluation reads (the fusions write them); any
 # other op outside the ONNX domain is unknown, whatever its name.
-_CONTRIB = {"BiasGelu", "FastGelu", "Gelu", "QuickGelu", "MultiHeadAttention", "FusedMatMul"}
+_CONTRIB = {
+    "BiasGelu", "FastGelu", "Gelu", "QuickGelu", "MultiHeadAttention", "FusedMatMul",
+    "RotaryEmbedding",
+}  # fmt: skip
 _BROADCASTING = {
     "Add", "And", "BitShift", "Div", "Equal", "Greater", "GreaterOrEqual", "Less",
     "LessOrEqual", "Max", "Min", "Mod", "Mul", "Or", "Pow", "PRelu", "Sub", "Sum", "Where", "Xor",
@@ -215,8 +218,9 @@ class _Evaluation:
         }
         limit = limits.get(self._attribute(node, "to"))
         values = self.value.get(node.input[0]) or []
+        # An unknown value stays unknown, whatever the cast does to it.
         return limit is not None and all(
-            v is not None and (v.static is None or abs(v.static) < limit) for v in values
+            v is None or v.static is None or abs(v.static) < limit for v in values
         )
 
     def _constant(self, node):
@@ -285,6 +289,9 @@ class _Evaluation:
         elif op == "Expand":
             target = self.vector(inputs[1])
             out = None if target is None else _broadcast([first, tuple(target)])
+        elif op == "ConstantOfShape":
+            target = self.vector(inputs[0])
+            out = None if target is None else tuple(target)
         elif op == "Tile":
             repeats = self.vector(inputs[1])
             if first is not None and repeats is not None:
@@ -300,6 +307,8 @@ class _Evaluation:
                     out = (Dim.of(max(0, limit.static)),)
                 elif limit[0] > 0:  # sizes are never negative
                     out = (limit,)
+            if out is None and all(self.shape.get(name) == () for name in inputs):
+                out = (None,)  # 1-D, of a length not proven
         elif op.startswith("Reduce"):
             out = self._reduce(node, first)
             values = self.vector(inputs[0])
@@ -374,7 +383,12 @@ class _Evaluation:
 
     def _concat(self, node):
         shapes = [self.shape.get(name) for name in node.input]
-        values = [self.vector(name) for name in node.input]
+        # A 1-D part whose values are not known (a sequence's total length
+        # past + new, which no Dim can write) still holds a known number of them.
+        values = [
+            self.vector(name) or ([None] * s[0].static if self._static_vector(s) else None)
+            for name, s in zip(node.input, shapes, strict=True)
+        ]
         if all(v is not None for v in values):
             self.value[node.output[0]] = [v for value in values for v in value]
         if any(s is None for s in shapes) or len({len(s) for s in shapes}) != 1:
@@ -389,6 +403,17 @@ class _Evaluation:
             return None
         out[axis] = total
         return tuple(out)
+
+    @staticmethod
+    def _static_vector(shape) -> bool:
+        """Whether `shape` is 1-D of a static, small length."""
+        return (
+            shape is not None
+            and len(shape) == 1
+            and shape[0] is not None
+            and shape[0].static is not None
+            and shape[0].static <= _MAX_VALUE_ELEMENTS
+        )
 
     def _slice(self, node, first):
         starts, ends = self.ints(node.input[1]), self.ints(node.input[2])

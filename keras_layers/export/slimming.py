@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from keras_layers.export import causal_lm, dims, fusions, stacks
+from keras_layers.export.fusions import rotary
 from keras_layers.export.loading import TensorInfo
 
 # Tensors smaller than this are not worth hashing.
@@ -703,9 +704,11 @@ def slim(
     before = len(proto.graph.node)
     fused = {"LayerNormalization": 0, "MatMul": 0, "MultiHeadAttention": 0}
     fused["SimplifiedLayerNormalization"] = 0
+    fused["RotaryEmbedding"] = 0
     fused |= dict.fromkeys(fusions.GELU_FUSED, 0)
     # (candidate's output, why it was left alone), by fusion.
     declined = {"MultiHeadAttention": [], "SimplifiedLayerNormalization": [], "Gelu": []}
+    declined["RotaryEmbedding"] = []
     # First: a decoder's stacked caches, picked apart again, are most of its
     # nodes and of its time per token (`keras_layers.export.stacks`).
     picks = stacks.fold_stack_picks(proto)
@@ -747,11 +750,19 @@ def slim(
     # copy once those `Shape`s are one. The input axes' names say which axes
     # are one size (the validation grid feeds them so), and `dims` reads them.
     name_dynamic_axes(proto, inputs, outputs)
-    # Every run has a batch and each sequence at least 1 long; a decoder's
-    # past (its cache inputs name their own axes) may be empty.
+    # Every run has a batch and each sequence at least 1 long, a cached
+    # decoder's new tokens too (every call feeds one or more); its past (its
+    # cache inputs name their own axes) may be empty.
     positive = {"batch"} | {
         info.sequence for info in inputs if info.axes is None and info.role != "positions"
     }
+    positive |= {info.axes[1] for info in inputs if info.axes and info.role == "ids"}
+    if run_onnxslim:
+        # Its proof reads the named axes; before the sharing, which merges
+        # the layers' copies of the angle tables it builds.
+        fused["RotaryEmbedding"] = rotary.fuse_rotary_embeddings(
+            proto, shapes, positive, declined["RotaryEmbedding"]
+        )
     shared = dims.share_equal_shapes(proto, positive)
     if shared:
         merge_common_subexpressions(proto)

@@ -80,6 +80,12 @@ class _Graph:
         return second if first == name else first if second == name else None
 
 
+def use_contrib_domain(proto) -> None:
+    """Import ONNX Runtime's `com.microsoft` domain, where its fused ops live."""
+    if not any(o.domain == "com.microsoft" for o in proto.opset_import):
+        proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+
+
 def _perm(node):
     """A Transpose node's `perm`, or None when absent (reverse every axis)."""
     return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
@@ -1005,8 +1011,7 @@ def fuse_attention(proto, shapes: dict, declined: list | None = None, grouped: b
             nodes += [new for output in node.output for new in after.get(output, [])]
         del graph.node[:]
         graph.node.extend(nodes)
-        if not any(o.domain == "com.microsoft" for o in proto.opset_import):
-            proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+        use_contrib_domain(proto)
     return fused
 
 
@@ -1296,6 +1301,6 @@ def fuse_gelus(proto, declined: list | None = None, skip_norms: bool = False) ->
     _sort_topologically(proto.graph)
     for op in kinds:
         counts[op] = sum(n.op_type == op for n in proto.graph.node) - before[op]
-    if any(counts.values()) and not any(o.domain == "com.microsoft" for o in proto.opset_import):
-        proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    if any(counts.values()):
+        use_contrib_domain(proto)
     return counts
