@@ -465,6 +465,27 @@ def real_models_skip_norms_table(report: dict) -> str:
     return markdown_table(header, [False, False, True, True, True], rows)
 
 
+def real_models_profile_table(report: dict) -> str:
+    """Milliseconds per run by kind of op, from ONNX Runtime's profiler."""
+    rows, kinds = [], None
+    for kind, entry in report["models"].items():
+        profile = entry["profile"]
+        for name, by_kind in profile["ms_by_kind"].items():
+            kinds = list(by_kind)
+            total = sum(by_kind.values())
+            rows.append(
+                [
+                    REAL_MODEL_LABELS[kind],
+                    profile["shape"].replace("x", " x "),
+                    name,
+                    f"{total:.1f}",
+                    *(f"{by_kind[k]:.1f} ({by_kind[k] / total:.0%})" for k in kinds),
+                ]
+            )
+    header = ["model", "batch x sequence", "file", "all ops ms", *(f"{k} ms" for k in kinds)]
+    return markdown_table(header, [False, False, False] + [True] * (len(kinds) + 1), rows)
+
+
 # --- attention_forms.json -----------------------------------------------------------
 
 
@@ -511,6 +532,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "real_models.latency": real_models_latency_table,
     "real_models.files": real_models_files_table,
     "real_models.skip_norms": real_models_skip_norms_table,
+    "real_models.profile": real_models_profile_table,
     "attention_forms.speed": attention_forms_speed_table,
 }
 

@@ -213,6 +213,26 @@ def matmul_bounds(batch, length, config, rounds, shapes=None, bounds=BOUNDS) -> 
     return totals
 
 
+def matmul_chain(shapes, mode: str):
+    """A callable that runs each of the model's matmuls (`shapes`, as for
+    `matmul_bounds`) alone in ONNX Runtime, one after another: a bound timed
+    as one more candidate in the files' own rounds, so a machine whose load
+    changes during a run moves the bound with the files. The attention
+    products (3-D, no weights) are fed in every mode, as in the model."""
+    sessions = {}
+    for a_shape, b_shape in shapes:
+        key = (tuple(a_shape), tuple(b_shape))
+        if key not in sessions:
+            sessions[key] = _matmul_session(a_shape, b_shape, mode if len(a_shape) == 2 else "fed")
+    steps = [sessions[(tuple(a), tuple(b))] for a, b in shapes]
+
+    def run():
+        for sess, feeds in steps:
+            sess.run(None, feeds)
+
+    return run
+
+
 def quantize_int8(source, target):
     from keras_layers.export.quantizing import quantize_int8 as quantize
 

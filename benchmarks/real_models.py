@@ -23,7 +23,8 @@ Latency is timed at (batch, sequence) (1, 128), (8, 128), (1, 512) and (1, 2048)
 each shape's candidates interleaved round by round (`benchmarks/timing.py`), in
 ONNX Runtime sessions that stop spin-waiting when a run returns
 (`export_bench.session`). The matmul-only bound (each of the model's matmuls
-timed alone, summed; `export_bench.matmul_bounds`) and the cost per FLOP from
+alone in ONNX Runtime, run one after another as one more candidate in the same
+rounds; `export_bench.matmul_chain`) and the cost per FLOP from
 128 to 2048 tokens come from the same run, and so does our export without
 `dims.share_equal_shapes` (each decoder layer keeping its own copy of the
 masks and rotary tables). Each file's fused ops are counted, and ONNX
@@ -553,7 +554,7 @@ def agreement(sessions: dict, config: dict) -> dict:
 
 
 def time_model(kind, config, files, shapes) -> dict:
-    from benchmarks.export_bench import matmul_bounds, session
+    from benchmarks.export_bench import matmul_chain, session
     from benchmarks.timing import time_side_by_side
 
     sessions = {name: session(path) for name, path in files.items()}
@@ -564,13 +565,75 @@ def time_model(kind, config, files, shapes) -> dict:
         for name, sess in sessions.items():
             feeds = feeds_for(sess, values)
             candidates[name] = lambda sess=sess, feeds=feeds: sess.run(None, feeds)
-        timing = time_side_by_side(candidates, rounds=rounds, calls=1, warmup=2)
+        # The bounds run in the same rounds as the files (export_bench.matmul_chain).
         shape_list = matmul_shapes(kind, batch, length, config)
-        bounds = matmul_bounds(batch, length, None, rounds, shapes=shape_list, bounds=BOUNDS)
-        for name, total in bounds.items():
-            timing[name] = {"median_ms": total, "p90_ms": None}
+        for name, mode in BOUNDS.items():
+            candidates[name] = matmul_chain(shape_list, mode)
+        timing = time_side_by_side(candidates, rounds=rounds, calls=1, warmup=2)
         latency[f"{batch}x{length}"] = {"gflops": flops(shape_list) / 1e9, "ms": timing}
     return latency, agreement(sessions, config)
+
+
+# Where a run's time goes: ONNX Runtime's profiler, each node's kernel time
+# summed by kind, at the shape where the targets are missed most.
+PROFILE_SHAPE = (8, 128)
+QUICK_PROFILE_SHAPE = (2, 32)
+PROFILED = ("ours", "keras export", "pytorch + ort optimizer")
+OP_KINDS = {
+    "matmul": {"MatMul", "Gemm", "FusedMatMul"},
+    "attention": {"MultiHeadAttention", "Attention", "Softmax"},
+    "norms": {
+        "LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
+        "SkipSimplifiedLayerNormalization", "EmbedLayerNormalization",
+    },
+    "activations": {"FastGelu", "Gelu", "BiasGelu", "QuickGelu", "Erf", "Tanh", "Sigmoid"},
+    "rotary": {"RotaryEmbedding", "Sin", "Cos"},
+    "elementwise": {"Add", "Mul", "Sub", "Div", "Pow", "Sqrt", "Neg", "Where", "Reciprocal"},
+}  # fmt: skip
+PROFILE_RUNS = 20
+
+
+def op_kind(op_type: str) -> str:
+    return next((kind for kind, ops in OP_KINDS.items() if op_type in ops), "layout and other")
+
+
+def profile_by_kind(path: Path, values: dict, runs: int) -> dict:
+    """Milliseconds per run each kind of op takes (ONNX Runtime's profiler, the
+    timing sessions' settings, after 3 unprofiled warm-up runs)."""
+    import json
+
+    import onnxruntime as ort
+
+    from benchmarks.export_bench import THREADS
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+    with tempfile.TemporaryDirectory(prefix="real_models_profile_") as folder:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(folder) / "profile")
+        sess = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        feeds = feeds_for(sess, values)
+        for _ in range(runs):
+            sess.run(None, feeds)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    totals = Counter()
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            totals[op_kind(event["args"]["op_name"])] += event["dur"] / 1000 / runs
+    return {kind: totals[kind] for kind in [*OP_KINDS, "layout and other"]}
+
+
+def profiles(kind, config, files, shape) -> dict:
+    batch, length = shape
+    values = batch_values(batch, length, config["vocabulary"])
+    return {
+        "shape": f"{batch}x{length}",
+        "ms_by_kind": {
+            name: profile_by_kind(files[name], values, PROFILE_RUNS) for name in PROFILED
+        },
+    }
 
 
 def ratios(latency: dict) -> dict:
@@ -651,6 +714,9 @@ def main(argv=None):
                     for name, path in files.items()
                 },
                 "ort_optimizer_adds_to_ours": left_to_fuse(files["ours"], kind, config),
+                "profile": profiles(
+                    kind, config, files, QUICK_PROFILE_SHAPE if args.quick else PROFILE_SHAPE
+                ),
                 "latency": latency,
                 "ratios": ratios(latency),
                 "cost_per_flop_vs_shortest": cost_per_flop(latency),

@@ -235,12 +235,7 @@ def zoo_table(report: dict) -> str:
     table = markdown_table(header, [False] * 3 + [True] * 5 + [False, True, False], rows)
     skipped = [row for row in report["models"] if row["status"] == "skipped"]
     lines = [f"- `{row['name']}`: {row['error']}" for row in skipped]
-    unfused = [
-        f"- `{row['name']}`: "
-        + "; ".join(f"{reason} (x{count})" for reason, count in reasons.items())
-        for row in tested
-        if (reasons := row.get("declined", {}).get("MultiHeadAttention"))
-    ]
+    unfused, rotations = (_declined(tested, op) for op in ("MultiHeadAttention", "RotaryEmbedding"))
     # (no trailing newline: the page's markers hold the body stripped of it)
     return "\n".join(
         [
@@ -260,11 +255,32 @@ def zoo_table(report: dict) -> str:
                 if unfused
                 else []
             ),
+            *(
+                [
+                    "Rotations of queries and keys not fused into `RotaryEmbedding`, with"
+                    f" the reason ({len(rotations)} models):",
+                    "",
+                    *rotations,
+                    "",
+                ]
+                if rotations
+                else []
+            ),
             f"Skipped by the rule, not text models ({len(skipped)} classes):",
             "",
             *lines,
         ]
     ).rstrip("\n")
+
+
+def _declined(rows: list, op: str) -> list:
+    """A line for each model whose candidates for fusion `op` were left alone, with why."""
+    return [
+        f"- `{row['name']}`: "
+        + "; ".join(f"{reason} (x{count})" for reason, count in reasons.items())
+        for row in rows
+        if (reasons := row.get("declined", {}).get(op))
+    ]
 
 
 def render(report: dict) -> str:

@@ -99,6 +99,14 @@ def test_real_models_benchmark_quick_mode_compares_all_four_exports():
         for name, row in entry["files"].items():
             assert row["max_abs_vs_pytorch_file"] < real_models.AGREEMENT_ATOL, (kind, name)
         assert entry["files"]["ours"]["fused"]["MultiHeadAttention"] == 1, kind
+        # The profile puts each file's matmuls in their kind, and sees each file run.
+        profile = entry["profile"]["ms_by_kind"]
+        assert set(profile) == set(real_models.PROFILED), kind
+        for name, by_kind in profile.items():
+            assert set(by_kind) == {*real_models.OP_KINDS, "layout and other"}, name
+            assert by_kind["matmul"] > 0 and all(ms >= 0 for ms in by_kind.values()), name
+        assert real_models.op_kind("RotaryEmbedding") == "rotary"
+        assert real_models.op_kind("Reshape") == "layout and other"
         for shape, timing in entry["latency"].items():
             expected = {*real_models.CANDIDATES, real_models.UNSHARED, *real_models.BOUNDS}
             assert set(timing["ms"]) == expected, shape

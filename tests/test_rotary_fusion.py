@@ -33,25 +33,25 @@ def rotate(x, positions, base=10000.0, scaling=1.0):
     return np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
 
 
-def model_around(rotation, with_positions=False):
+def model_around(rotation, with_positions=False, size=SIZE):
     """token ids -> embedding -> (batch, seq, heads, size) -> `rotation` -> flat."""
     keras.utils.set_random_seed(0)
     ids = keras.Input((None,), dtype="int32", name="token_ids")
     inputs = [ids]
-    x = keras.layers.Embedding(VOCAB, HEADS * SIZE)(ids)
-    x = keras.layers.Reshape((-1, HEADS, SIZE))(x)
+    x = keras.layers.Embedding(VOCAB, HEADS * size)(ids)
+    x = keras.layers.Reshape((-1, HEADS, size))(x)
     if with_positions:
         positions = keras.Input((None,), dtype="int32", name="position_ids")
         inputs.append(positions)
         x = rotation(x, positions=positions)
     else:
         x = rotation(x)
-    return keras.Model(inputs, keras.layers.Reshape((-1, HEADS * SIZE))(x))
+    return keras.Model(inputs, keras.layers.Reshape((-1, HEADS * size))(x))
 
 
 def embedded(model, ids):
     table = model.layers[1].embeddings.numpy()
-    return table[ids].reshape(*ids.shape, HEADS, SIZE)
+    return table[ids].reshape(*ids.shape, HEADS, -1)
 
 
 def run(path, feeds):
@@ -84,6 +84,22 @@ def test_keras_hub_rotary_embedding_is_fused_and_matches_roformer(arguments, tmp
         expected = rotate(embedded(model, ids), np.arange(length)[None], base, scaling)
         got = run(path, {"token_ids": ids}).reshape(expected.shape)
         np.testing.assert_allclose(got, expected, rtol=0, atol=2e-5)
+
+
+def test_a_rotation_of_two_features_is_fused(tmp_path):
+    """Head size 2 (GPT-NeoX turns a quarter of each head: 2 of 8 in a tiny
+    config): the angle table's halves are single features, stacked on an axis
+    that only a size-1 axis follows."""
+    import keras_hub
+
+    model = model_around(keras_hub.layers.RotaryEmbedding(), size=2)
+    path = tmp_path / "two.onnx"
+    report = export_model(model, path, shapes=SHAPES)
+    assert report["passed"] and report["graph"]["fused"]["RotaryEmbedding"] == 1
+    ids = np.random.default_rng(4).integers(0, VOCAB, (2, 9)).astype(np.int32)
+    expected = rotate(embedded(model, ids), np.arange(9)[None])
+    got = run(path, {"token_ids": ids}).reshape(expected.shape)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=2e-5)
 
 
 class HandWrittenRotation(keras.layers.Layer):

@@ -117,9 +117,10 @@ def _duplicated_half(g, dims, name):
     merged = dims.get(name)
     if node is None or merged is None or None in merged:
         return None
-    if node.op_type == "Concat":
+    if node.op_type == "Concat":  # on the last axis, or one only size-1 axes follow
         same = len(node.input) == 2 and node.input[0] == node.input[1]
-        return node.input[0] if same and _axis(node) % len(merged) == len(merged) - 1 else None
+        last = all(d == ONE for d in merged[_axis(node) % len(merged) + 1 :])
+        return node.input[0] if same and last else None
     stack = g.node(node.input[0], "Concat") if node.op_type == "Reshape" else None
     stacked = dims.get(stack.output[0]) if stack is not None else None
     if stacked is None or None in stacked or list(stack.input) != [stack.input[0]] * 2:
