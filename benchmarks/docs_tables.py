@@ -520,6 +520,19 @@ def attention_forms_speed_table(report: dict) -> str:
     return markdown_table(header, [False, False, True, True, False, True, True, True], rows)
 
 
+# --- rule_engines.json -------------------------------------------------------------
+
+
+def rule_engines_speed_table(report: dict) -> str:
+    """The RMS norm rule written with our helper and with onnxscript's rewriter."""
+    row = report["rms_norm"]
+    rows = [
+        [name, str(row["fused"][name]), f"{row['ms'][name]:.1f}"] for name in ("ours", "onnxscript")
+    ]
+    header = ["rule written with", "norms fused", "ms per pass"]
+    return markdown_table(header, [False, True, True], rows)
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "export_bench.files": export_bench_files_table,
     "export_bench.latency": export_bench_latency_table,
@@ -534,6 +547,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "real_models.skip_norms": real_models_skip_norms_table,
     "real_models.profile": real_models_profile_table,
     "attention_forms.speed": attention_forms_speed_table,
+    "rule_engines.speed": rule_engines_speed_table,
 }
 
 

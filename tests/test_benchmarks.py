@@ -86,6 +86,19 @@ def test_attention_forms_benchmark_quick_mode_fuses_and_agrees():
     assert (results_io.RESULTS / "attention_forms.quick.png").exists()
 
 
+@pytest.mark.peers  # onnxscript comes with the peers extra
+def test_rule_engines_benchmark_quick_mode_fuses_the_same_norms_both_ways():
+    """Our RMS norm rule and the onnxscript one fuse every norm of the quick
+    Llama: one before each attention and each MLP, one at the end."""
+    from benchmarks import attention_forms, rule_engines
+
+    report = rule_engines.main(["--quick"])
+    norms = 2 * attention_forms.QUICK_SIZES["num_layers"] + 1
+    assert report["rms_norm"]["fused"] == {"ours": norms, "onnxscript": norms}
+    written = json.loads((results_io.RESULTS / "rule_engines.quick.json").read_text())
+    assert written["rms_norm"]["fused"] == report["rms_norm"]["fused"]
+
+
 @pytest.mark.peers
 def test_real_models_benchmark_quick_mode_compares_all_four_exports():
     from benchmarks import real_models

@@ -528,14 +528,14 @@ def test_keras_hub_attention_with_a_bias_is_fused_in_every_layer(name, attention
 
 # Grouped-query attention: keras-hub's Gemma writes `einsum("btkgh,bskh->bkgts")`
 # and `einsum("bkgts,bskh->btkgh")`, which the trace writes as transposes, an
-# Unsqueeze and one broadcasting MatMul each (tracing._einsum_layout).
+# Unsqueeze and one broadcasting MatMul each (einsums.einsum_layout).
 
 
 @given(data=st.data())
 @settings(max_examples=60, deadline=None)
 def test_einsum_layout_computes_the_einsum(data):
     """Any einsum the layout takes, computed its way, is NumPy's einsum."""
-    from keras_layers.export.tracing import _einsum_layout
+    from keras_layers.export.einsums import einsum_layout
 
     letters = list("abcdefg")
     batch = data.draw(st.lists(st.sampled_from(letters), min_size=1, max_size=2, unique=True))
@@ -549,7 +549,7 @@ def test_einsum_layout_computes_the_einsum(data):
     b = "".join(data.draw(st.permutations(batch + [contracted] + free_b)))
     out = "".join(data.draw(st.permutations(batch + free_a + free_b)))
     equation = f"{a},{b}->{out}"
-    layout = _einsum_layout(equation)
+    layout = einsum_layout(equation)
     if len(free_a) + len(free_b) < 3:
         assert layout is None  # tf2onnx's own lowering is a MatMul already
         return

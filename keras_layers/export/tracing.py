@@ -19,6 +19,7 @@ inputs into initializers holding the variables' values.
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from keras_layers.export.einsums import einsum_layout
 from keras_layers.export.errors import ConversionError, one_line
 from keras_layers.export.loading import LoadedModel, flatten, unique_variables
 
@@ -98,75 +99,13 @@ def _attention_as_batched_matmuls():
         nn._dot_product_attention_xla = original
 
 
-def _einsum_layout(subscripts: str):
-    """How to compute a two-operand einsum as one broadcasting `matmul`, or None.
-
-    For an einsum with one contracted letter, at least one batch letter (in
-    both operands and the output) and more than one free letter on a side,
-    such as grouped-query attention's `einsum("btkgh,bskh->bkgts", q, k)` and
-    `einsum("bkgts,bskh->btkgh", probs, v)` in keras-hub's Gemma: each operand
-    is transposed to (batch, its extra free letters, matrix), with size-1 axes
-    where the other operand's extra free letters go, so that `matmul`
-    broadcasts over them. The free letters keep the output's order when the
-    output starts with the batch letters (no transpose after the product),
-    else each operand's own order (no transpose of the operand).
-
-    Returns (perm of a, axes to insert in a, perm of b, axes to insert in b,
-    perm of the product or None), or None for any other einsum.
-    """
-    inputs, _, output = subscripts.replace(" ", "").partition("->")
-    parts = inputs.split(",")
-    if not output or len(parts) != 2 or "." in subscripts:
-        return None
-    a, b = parts
-    letters = a + b + output
-    if any(len(set(x)) != len(x) for x in (a, b, output)) or set(output) - set(a + b):
-        return None
-    batch = [x for x in output if x in a and x in b]
-    contracted = [x for x in a if x in b and x not in output]
-    free_a = [x for x in a if x not in b]
-    free_b = [x for x in b if x not in a]
-    if (
-        len(contracted) != 1
-        or not batch
-        or not free_a
-        or not free_b
-        or len(free_a) + len(free_b) < 3
-        or set(letters) != set(batch + contracted + free_a + free_b)
-        or set(free_a + free_b) - set(output)
-    ):
-        return None
-    if output[: len(batch)] == "".join(batch):
-        free_a = [x for x in output if x in free_a]
-        free_b = [x for x in output if x in free_b]
-    else:
-        batch = [x for x in a if x in batch]
-    (c,) = contracted
-    *extra_a, m = free_a
-    *extra_b, n = free_b
-    layout_a = [*batch, *extra_a, m, c]
-    layout_b = [*batch, *extra_b, c, n]
-    product = [*batch, *extra_a, *extra_b, m, n]
-    # Size-1 axes: in a where b's extra letters go, in b where a's go.
-    insert_a = list(range(len(batch) + len(extra_a), len(batch) + len(extra_a) + len(extra_b)))
-    insert_b = list(range(len(batch), len(batch) + len(extra_a)))
-    after = [product.index(x) for x in output]
-    return (
-        [a.index(x) for x in layout_a],
-        insert_a,
-        [b.index(x) for x in layout_b],
-        insert_b,
-        None if after == sorted(after) else after,
-    )
-
-
 @contextmanager
 def _attention_einsums_as_matmuls():
     """Trace grouped-query attention's einsums as transposes and one `MatMul`.
 
     tf2onnx lowers `einsum("btkgh,bskh->bkgts")` with dynamic batch and length
     to about 30 nodes of 6-D transposes and shape arithmetic; written as
-    `_einsum_layout` says, it is 2-3 transposes, an `Unsqueeze` and one
+    `einsums.einsum_layout` says, it is 2-3 transposes, an `Unsqueeze` and one
     `MatMul`, a form `fusions.fuse_attention` matches. Same float products,
     summed in a different order. Other einsums keep Keras' own code.
     """
@@ -182,7 +121,7 @@ def _attention_einsums_as_matmuls():
     import tensorflow as tf
 
     def einsum(subscripts, *operands, **kwargs):
-        layout = _einsum_layout(subscripts) if isinstance(subscripts, str) else None
+        layout = einsum_layout(subscripts) if isinstance(subscripts, str) else None
         if layout is None or len(operands) != 2 or kwargs:
             return original(subscripts, *operands, **kwargs)
         a, b = (tf.convert_to_tensor(x) for x in operands)

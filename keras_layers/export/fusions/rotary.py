@@ -28,10 +28,10 @@ alone, and `declined` says why.
 """
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from keras_layers.export.dims import ONE, Dim, symbolic_dims
-from keras_layers.export.fusions import _Graph, use_contrib_domain
+from keras_layers.export.fusions.pattern import Rule, apply
 
 TWO = Dim.of(2)
 # Views that keep the order of the values: they only insert or drop axes of
@@ -133,9 +133,10 @@ def _duplicated_half(g, dims, name):
     return stack.input[0]
 
 
-def _match_rotary(g, dims, shapes, add):
-    """(x, angle table's half, heads, head size) for one rotation, why it is
-    not one, or None when `add` is no candidate (no rotated half added)."""
+def _match_rotary(g, add):
+    """(x, angle table's half, heads, head size, add) for one rotation, why it
+    is not one, or None when `add` is no candidate (no rotated half added)."""
+    dims, shapes = g.dims, g.shapes
     products = [g.node(name, "Mul") for name in add.input]
     if None in products:
         return None
@@ -172,7 +173,46 @@ def _match_rotary(g, dims, shapes, add):
         return "the angles' two halves are not one tensor written twice"
     if _without_ones(dims.get(half)) != _without_ones((shape[1], shape[3].divided_by(TWO))):
         return "the angle table is not (sequence, head size / 2)"
-    return x, half, shape[2].static, shape[3].static
+    return x, half, shape[2].static, shape[3].static, add
+
+
+def _constant(edit, values: list) -> str:
+    name = "fused_rotary_" + "_".join(str(v).replace("-", "m") for v in values)
+    return edit.constant(name, np.array(values, np.int64))
+
+
+def _rewrite(edit, match) -> None:
+    x, half, heads, size, add = match
+    out = add.output[0]
+    names = {step: f"{out}_rotary_{step}" for step in ("table", "cos", "sin", "in", "out")}
+    names = {step: edit.fresh(name) for step, name in names.items()}
+    edit.replace(
+        add,
+        [
+            helper.make_node("Reshape", [half, _constant(edit, [-1, size // 2])], [names["table"]]),
+            helper.make_node("Cos", [names["table"]], [names["cos"]]),
+            helper.make_node("Sin", [names["table"]], [names["sin"]]),
+            helper.make_node("Reshape", [x, _constant(edit, [0, 0, heads * size])], [names["in"]]),
+            helper.make_node(
+                "RotaryEmbedding",
+                [names["in"], _constant(edit, [0]), names["cos"], names["sin"]],
+                [names["out"]],
+                domain="com.microsoft",
+                num_heads=heads,
+                interleaved=0,
+            ),
+            helper.make_node("Reshape", [names["out"], _constant(edit, [0, 0, heads, size])], []),
+        ],
+    )
+
+
+RULE = Rule(
+    makes="RotaryEmbedding",
+    anchor="Add",
+    form="x * cos(e) + rotate_half(x) * sin(e),  e = concat(f, f)",
+    match=_match_rotary,
+    rewrite=_rewrite,
+)
 
 
 def fuse_rotary_embeddings(proto, shapes: dict, positive=frozenset(), declined=None) -> int:
@@ -183,45 +223,5 @@ def fuse_rotary_embeddings(proto, shapes: dict, positive=frozenset(), declined=N
     graph's dynamic axes must be named (`slimming.name_dynamic_axes`).
     Returns how many rotations were fused.
     """
-    declined = [] if declined is None else declined
-    g = _Graph(proto.graph)
     dims = symbolic_dims(proto.graph, positive)
-    constants = {}
-
-    def constant(values):
-        name = "fused_rotary_" + "_".join(str(v).replace("-", "m") for v in values)
-        constants.setdefault(name, numpy_helper.from_array(np.array(values, np.int64), name))
-        return name
-
-    rewrites = {}
-    for add in (n for n in proto.graph.node if n.op_type == "Add"):
-        match = _match_rotary(g, dims, shapes, add)
-        if isinstance(match, str):
-            declined.append((add.output[0], match))
-        if match is None or isinstance(match, str):
-            continue
-        x, half, heads, size = match
-        out = add.output[0]
-        names = {step: f"{out}_rotary_{step}" for step in ("table", "cos", "sin", "in", "out")}
-        rewrites[out] = [
-            helper.make_node("Reshape", [half, constant([-1, size // 2])], [names["table"]]),
-            helper.make_node("Cos", [names["table"]], [names["cos"]]),
-            helper.make_node("Sin", [names["table"]], [names["sin"]]),
-            helper.make_node("Reshape", [x, constant([0, 0, heads * size])], [names["in"]]),
-            helper.make_node(
-                "RotaryEmbedding",
-                [names["in"], constant([0]), names["cos"], names["sin"]],
-                [names["out"]],
-                domain="com.microsoft",
-                num_heads=heads,
-                interleaved=0,
-            ),
-            helper.make_node("Reshape", [names["out"], constant([0, 0, heads, size])], [out]),
-        ]
-    if rewrites:
-        nodes = [new for node in proto.graph.node for new in rewrites.get(node.output[0], [node])]
-        del proto.graph.node[:]
-        proto.graph.node.extend(nodes)
-        proto.graph.initializer.extend(constants.values())
-        use_contrib_domain(proto)
-    return len(rewrites)
+    return apply(RULE, proto, declined, shapes, dims=dims)

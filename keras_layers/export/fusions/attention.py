@@ -1,0 +1,320 @@
+"""Scaled dot-product attention as Keras writes it, matched around its `Softmax`.
+
+The pieces every attention form shares (the probabilities' reader, the
+mask's selects, the scaled q.k^T product, a bias added to the logits) and the
+match of the plain (batch, sequence, heads, head size) form; the grouped
+form reuses the pieces (`grouped_attention`), and `multi_head_attention`
+rewrites either into ONNX Runtime's `MultiHeadAttention`.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto
+
+from keras_layers.export.fusions import pattern
+
+# Masked logits get this additive bias where Keras selects 0.7 x the float32
+# maximum (-2.4e38) instead of the logit. Adding it to any logit below 1e31 in
+# magnitude rounds to exactly this value, so a row with every position masked
+# is uniform as in Keras, whatever its logits, and a masked position in any
+# other row gets exp(-3e38 - max) = 0, as it does in Keras. A bias of the size
+# attention masks usually get would not do: -1e9 + 40 rounds to -1e9 + 64, so
+# in a fully masked row the largest logit would win.
+MASKED = np.float32(-3e38)
+HEADS_FIRST = [0, 2, 1, 3]
+
+
+def transposed(g, name, perm):
+    """The input of `Transpose(x, perm)` producing `name`. Other nodes may read
+    the transpose too (DeBERTa's relative terms read the key's): the fused op
+    reads `x`, and the transpose stays for them. A `Reshape` that computes
+    that transpose counts too (see `_reshape_is_transpose`)."""
+    node = g.node(name, "Transpose")
+    if node is None:
+        reshape = g.node(name, "Reshape")
+        if reshape is not None and _reshape_is_transpose(g, reshape, perm):
+            return reshape.input[0]
+        return None
+    if pattern.perm(node) != perm:
+        return None
+    return node.input[0]
+
+
+def _reshape_is_transpose(g, reshape, perm) -> bool:
+    """Whether `reshape` provably computes `Transpose(x, perm)` of its input x.
+
+    onnxslim writes a transpose that only moves axes of size 1 as a reshape:
+    keras-hub's Gemma has one key/value head, and (B, S, 1, H) to
+    (B, 1, S, H) keeps the memory order. It does when the axes of x not
+    known to be 1 keep their order under `perm`, and each entry of the
+    reshape's constant target is the permuted dim (statically, or 0 where x
+    has that very dim at that axis), with at most one -1, which then takes the
+    one dim left.
+    """
+    dims = g.shapes.get(reshape.input[0], (None,))[0]
+    target = g.const(reshape.input[1])
+    if dims is None or target is None or len(dims) != len(perm) or target.size != len(perm):
+        return False
+    moved = [axis for axis in perm if dims[axis] != 1]
+    if moved != sorted(moved):
+        return False
+    wanted = [dims[axis] for axis in perm]
+    for axis, size in enumerate(target.reshape(-1).tolist()):
+        if size == 0 and dims[axis] is not None and dims[axis] == wanted[axis]:
+            continue
+        if size != -1 and not (isinstance(wanted[axis], int) and size == wanted[axis]):
+            return False
+    return (target == -1).sum() <= 1
+
+
+@dataclass
+class Attention:
+    """One matched attention: what `MultiHeadAttention` needs to replace it."""
+
+    q: str
+    k: str
+    v: str
+    mask: str | None
+    scale: float
+    heads: int
+    size: int
+    out: object  # the Transpose node whose output the fused nodes take over
+    zeroes_masked_rows: bool  # keras.layers.Softmax's path, see `probabilities_reader`
+    bias: str | None = None  # added to the logits, times `bias_scale` if that is set
+    bias_scale: float | None = None
+    shape_readers: tuple = ()  # `Shape` nodes of the (B, N, T, S) logits
+    groups: int = 1  # query heads per key/value head, see `grouped_attention`
+    mask_rank: int = 0  # the mask's rank where shape inference tells it
+
+
+def probabilities_reader(g, softmax):
+    """The `MatMul` that weighs the values by the softmax, and the select between.
+
+    Keras reaches the softmax two ways. `ops.dot_product_attention` (dropout 0)
+    feeds it straight to the matmul. `MultiHeadAttention` with dropout, and
+    layers such as keras-hub's `LlamaAttention`, call `keras.layers.Softmax`
+    with the mask, which selects -1e9 at masked logits and then selects 0 at
+    masked probabilities: `Where(mask, Softmax(...), 0)`. That second select
+    only changes rows whose every key is masked (uniform -> 0), so the fused
+    op gets the same and those rows are zeroed after it (`multi_head_attention._visible_rows`).
+    Returns (matmul, zeroing Where or None) or a reason.
+    """
+    axis = next((a.i for a in softmax.attribute if a.name == "axis"), -1)
+    if axis not in (-1, 3):
+        return "the softmax is not over the last axis"
+    if not g.only_used_by(softmax.output[0]):
+        return "the probabilities are a model output or read by more than one node"
+    (reader,) = g.consumers[softmax.output[0]]
+    zeroing = None
+    if reader.op_type == "Where":
+        zero = g.const(reader.input[2])
+        if reader.input[1] != softmax.output[0] or zero is None or zero.size != 1 or zero.any():
+            return "the select after the softmax does not set masked probabilities to 0"
+        if not g.only_used_by(reader.output[0]):
+            return "the selected probabilities are read by more than one node"
+        zeroing, (reader,) = reader, g.consumers[reader.output[0]]
+    if reader.op_type != "MatMul" or reader.input[0] != (zeroing or softmax).output[0]:
+        return "the probabilities do not weigh the values in a MatMul"
+    return reader, zeroing
+
+
+def attention_mask(g, softmax, zeroing):
+    """The boolean mask selected into the logits, and the logits before it.
+
+    A select value from -1e9 down masks completely: Keras selects -1e9
+    (`keras.layers.Softmax`) or -2.4e38 (`ops.dot_product_attention`), and
+    exp(-1e9 - max) is 0 for any logit above -9e8. Returns (mask or None,
+    logits) or a reason.
+    """
+    where = g.node(softmax.input[0], "Where")
+    if where is None:
+        if zeroing is not None:
+            return "the probabilities are zeroed where no mask selected the logits"
+        return None, softmax.input[0]
+    big = g.const(where.input[2])
+    if not g.only_used_by(where.output[0]) or big is None or big.size != 1:
+        return "the masked logits are read elsewhere or the select value is not a constant"
+    if not np.isfinite(big).all() or big.max() > -1e9:
+        return f"the select value {big.max()} does not mask completely"
+    if zeroing is not None and zeroing.input[0] != where.input[0]:
+        return "the selects before and after the softmax read different masks"
+    return where.input[0], where.input[1]
+
+
+def _sole_reader(g, name, shape_readers=None) -> bool:
+    """Whether one node reads `name`, not counting `Shape` nodes when
+    `shape_readers` is a list: those are added to it."""
+    readers = g.consumers[name]
+    shapes = [n for n in readers if n.op_type == "Shape"] if shape_readers is not None else []
+    if name in g.outputs or len(readers) - len(shapes) != 1:
+        return False
+    if shape_readers is not None:
+        shape_readers += shapes
+    return True
+
+
+def scaled(g, name, shape_readers=None):
+    """(x, scale) for `Mul(x, scalar)` producing `name` (read only there, see
+    `_sole_reader`), else (name, None)."""
+    mul = g.node(name, "Mul")
+    if mul is None:
+        return name, None
+    found = []
+    if not _sole_reader(g, name, found if shape_readers is not None else None):
+        return name, None
+    for x in mul.input:
+        scale = g.scalar(g.other_input(mul, x))
+        if scale is not None and g.other_input(mul, x) != x:
+            if shape_readers is not None:
+                shape_readers += found
+            return x, scale
+    return name, None
+
+
+def _product(g, name, shape_readers: list):
+    """(q, k, scale factors) for a q.k^T product, scaled or not, producing `name`,
+    q and k (B, T|S, N, H); or a reason. `Shape` nodes reading the (B, N, T, S)
+    tensors on the way go to `shape_readers` (see `_sole_reader`).
+
+    The trace of `ops.dot_product_attention` writes `MatMul(q^T, k^T)`;
+    `MultiHeadAttention`'s einsum path scales the query first and tf2onnx
+    lowers `einsum("aecd,abcd->acbe", key, query)` to
+    `Transpose(MatMul(k^T, (q*scale)^T), [0, 1, 3, 2])`; keras-hub's GPT-NeoX
+    scales the product inside that transpose. Each scalar `Mul` on the way is
+    one of the factors.
+    """
+    name, outer = scaled(g, name, shape_readers)
+    if not _sole_reader(g, name, shape_readers):
+        return "the logits are read by more than one node"
+    middle = None
+    swapped = g.node(name, "Transpose")
+    if swapped is not None:
+        if pattern.perm(swapped) != [0, 1, 3, 2] or not g.only_used_by(swapped.input[0]):
+            return "the logits are not a transposed product"
+        inside, middle = scaled(g, swapped.input[0])
+        product = g.node(inside, "MatMul")
+        if product is None or not g.only_used_by(inside):
+            return "the logits are not a transposed product"
+        k_side, q_side, q_perm = product.input[0], product.input[1], [0, 2, 3, 1]
+        k = transposed(g, k_side, HEADS_FIRST)
+    else:
+        product = g.node(name, "MatMul")
+        if product is None:
+            return "the logits are not a MatMul"
+        q_side, q_perm = product.input[0], HEADS_FIRST
+        k = transposed(g, product.input[1], [0, 2, 3, 1])
+    q = transposed(g, q_side, q_perm)
+    if q is None or k is None:
+        return "the query and key do not reach the product through heads-first transposes"
+    q, inner = scaled(g, q)
+    return q, k, [outer, middle, inner]
+
+
+def combined_scale(factors: list):
+    """The product of the scalar factors found (None: no factor), or why the
+    fused op cannot take it: `MultiHeadAttention` reads scale=0 as "not set"
+    and uses 1/sqrt(H)."""
+    found = [factor for factor in factors if factor is not None]
+    scale = float(np.prod(np.float32(found))) if found else 1.0
+    if not scale or not np.isfinite(scale):
+        return "the logits are not scaled by a finite, nonzero constant"
+    return scale
+
+
+def _attention_logits(g, logits, shapes):
+    """(q, k, scale, bias, bias scale) for logits `scale * q.k^T + bias_scale * bias`,
+    bias and bias scale None where there is none; or a reason.
+
+    The logits are a `_product`, up to float rounding where the scale is
+    applied, as `MultiHeadAttention` computes them; or such a product plus a
+    float32 tensor of rank up to 4 that broadcasts to (B, N, T, S) (T5's
+    relative position bias, Bloom's and Falcon's ALiBi, DeBERTa's
+    disentangled terms), added before or after the scale: keras-hub's Falcon
+    writes `(q.k^T + alibi) * scale`, which `MultiHeadAttention` computes as
+    `scale * q.k^T + (scale * alibi)`, its `attention_bias`.
+    """
+    readers = []  # `Shape` nodes reading the logits, see `_sole_reader`
+    name, outer = scaled(g, logits, readers)
+    add = g.node(name, "Add")
+    bias = None
+    if add is None:
+        found = _product(g, logits, readers)
+    else:
+        if not g.only_used_by(name):
+            return "the biased logits are read by more than one node"
+        reasons = []
+        for side in dict.fromkeys(add.input):
+            side_readers = []
+            found = _product(g, side, side_readers)
+            if not isinstance(found, str):
+                bias = g.other_input(add, side)
+                readers += side_readers
+                break
+            reasons.append(found)
+        else:  # the side that is a product of some kind says why it is not ours
+            found = min(reasons, key=lambda reason: reason == "the logits are not a MatMul")
+        if bias is not None:
+            dims, elem_type = shapes.get(bias, (None, None))
+            if dims is None or len(dims) > 4 or elem_type != TensorProto.FLOAT:
+                return "the bias added to the logits is not float32 of known rank up to 4"
+            if len(dims) == 4 and isinstance(dims[0], int) and dims[0] > 1:
+                return "the bias added to the logits has a fixed batch"
+    if isinstance(found, str):
+        return found
+    q, k, factors = found
+    if bias is not None:
+        factors = [*factors, outer]
+    scale = combined_scale(factors)
+    if isinstance(scale, str):
+        return scale
+    return q, k, scale, bias, (outer if bias is not None else None), readers
+
+
+def _attention_heads(shapes, q, k, v, out):
+    """(heads, head size) when q, k, v and the output are float32 (B, T, N, H), or a reason."""
+    known = [shapes.get(name) for name in (q, k, v, out)]
+    if any(info is None or len(info[0]) != 4 for info in known):
+        return "q, k, v or the output has no known rank 4"
+    if any(info[1] != 1 for info in known):
+        return "not float32: ONNX Runtime's CPU MultiHeadAttention is float32"
+    heads, size = known[0][0][2:]
+    if not isinstance(heads, int) or not isinstance(size, int):
+        return "the number of heads or the head size is not static"
+    if any(info[0][2:] != [heads, size] for info in known[1:]):
+        return "q, k, v and the output differ in heads or head size"
+    return heads, size
+
+
+def match_plain(g, softmax, pv, zeroing, out):
+    """Match the (B, T, N, H) form around `softmax`, whose probabilities `pv`
+    weighs (after `zeroing`, see `probabilities_reader`) and `out`
+    transposes: an `Attention`, or why not.
+
+    `Transpose(MatMul([Where(mask, ] Softmax([Where(mask,] logits [, -big)])
+    [, 0)], v^T))` with the logits of `_attention_logits` and q, k, v of shape
+    (B, T, N, H) in float32.
+    """
+    shapes = g.shapes
+    if out.op_type != "Transpose" or pattern.perm(out) != HEADS_FIRST:
+        return "the attention output is not transposed back to (B, T, N, H)"
+    v = transposed(g, pv.input[1], HEADS_FIRST)
+    if v is None:
+        return "the values do not reach the product through a heads-first transpose"
+    found = attention_mask(g, softmax, zeroing)
+    if isinstance(found, str):
+        return found
+    mask, logits = found
+    found = _attention_logits(g, logits, shapes)
+    if isinstance(found, str):
+        return found
+    q, k, scale, bias, bias_scale, shape_readers = found
+    found = _attention_heads(shapes, q, k, v, out.output[0])
+    if isinstance(found, str):
+        return found
+    heads, size = found
+    if zeroing is not None and not 1 <= len(shapes.get(mask, ((),))[0]) <= 4:
+        return "the mask's rank is unknown or above 4"
+    zeroes = zeroing is not None
+    readers = tuple(shape_readers)
+    return Attention(q, k, v, mask, scale, heads, size, out, zeroes, bias, bias_scale, readers)

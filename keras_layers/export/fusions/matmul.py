@@ -1,0 +1,89 @@
+"""Dense on a 3-D input: TensorFlow's `Tensordot` detour folded into one `MatMul`.
+
+tf2onnx writes every `Dense` on a 3-D input as Shape, Reshape to 2-D, MatMul,
+Gather, Concat, Cast and Reshape back. ONNX MatMul broadcasts over leading
+axes, so the 2-D detour and the shape arithmetic that undoes it are not
+needed.
+"""
+
+from onnx import helper
+
+from keras_layers.export.fusions.pattern import Rule, apply, perm
+
+
+def _match_tensordot(g, reshape):
+    """(x, weight, reshape) for one detour ending at `reshape`, or None."""
+    matmul = g.node(reshape.input[0], "MatMul")
+    if matmul is None or not g.only_used_by(matmul.output[0]):
+        return None
+    shape = _matrix_shape(g, matmul.input[1])
+    flatten = g.node(matmul.input[0], "Reshape")
+    if shape is None or flatten is None:
+        return None
+    target = g.const(flatten.input[1])
+    if target is None or target.tolist() != [-1, shape[0]]:
+        return None
+    x = flatten.input[0]
+    if not _is_leading_shape_plus(g, reshape.input[1], x, shape[1]):
+        return None
+    return x, matmul.input[1], reshape
+
+
+def _matrix_shape(g, name):
+    """Shape of a constant matrix, or of `Transpose(matrix)` (a tied weight)."""
+    shape = g.const_shape(name)
+    if shape is not None:
+        return shape if len(shape) == 2 else None
+    transpose = g.node(name, "Transpose")
+    if transpose is None:
+        return None
+    shape = g.const_shape(transpose.input[0])
+    if shape is None or len(shape) != 2 or perm(transpose) not in (None, [1, 0]):
+        return None
+    return shape[::-1]
+
+
+def _skip_casts(g, name):
+    node = g.producer.get(name)
+    while node is not None and node.op_type == "Cast":
+        name = node.input[0]
+        node = g.producer.get(name)
+    return name, node
+
+
+def _is_leading_shape_plus(g, name, x, last):
+    """Whether `name` computes `concat(shape(x)[:-1], [last])`."""
+    _, concat = _skip_casts(g, name)
+    if concat is None or concat.op_type != "Concat" or len(concat.input) != 2:
+        return False
+    tail = g.const(concat.input[1])
+    if tail is None or tail.reshape(-1).tolist() != [last]:
+        return False
+    gather = g.producer.get(concat.input[0])
+    if gather is None or gather.op_type != "Gather":
+        return False
+    indices = g.const(gather.input[1])
+    _, shape = _skip_casts(g, gather.input[0])
+    if indices is None or shape is None or shape.op_type != "Shape" or shape.input[0] != x:
+        return False
+    return indices.reshape(-1).tolist() == list(range(indices.size))
+
+
+def _rewrite(edit, match):
+    x, weight, reshape = match
+    edit.replace(reshape, [helper.make_node("MatMul", [x, weight], [])])
+
+
+# Every Reshape is a candidate and most are none, so a failed match says nothing.
+RULE = Rule(
+    makes="MatMul",
+    anchor="Reshape",
+    form="Reshape(MatMul(Reshape(x, [-1, d]), W), concat(shape(x)[:-1], [n]))",
+    match=_match_tensordot,
+    rewrite=_rewrite,
+)
+
+
+def fuse_tensordot_matmuls(proto) -> int:
+    """`Reshape(MatMul(Reshape(x, [-1, d]), W), shape(x)[:-1] + [n])` -> `MatMul(x, W)`."""
+    return apply(RULE, proto)

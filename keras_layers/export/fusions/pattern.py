@@ -1,0 +1,276 @@
+"""The one helper every fusion rule shares: a rule's parts, graph lookups, and the edit.
+
+A rule is written as four parts, each read on its own:
+
+- `anchor`: the op type of the node a match starts from (a `Softmax` for
+  attention, the final `Add` of a LayerNorm);
+- `form`: the subgraph it matches, in the notation the docs use;
+- `match(graph, anchor node)`: walks the form from the anchor through
+  `Graph`'s lookups and checks every fact the fused op assumes (consumers,
+  constants, shapes, element types). It returns what the rewrite needs, a
+  reason (a string) when a check fails, or None when the node is no
+  candidate at all;
+- `rewrite(edit, match)`: says, through `Edit`, which nodes replace which.
+
+`apply` runs a rule over a graph: every reason goes to the caller's
+`declined` list as (anchor output, reason), the report's `graph.declined`.
+No rewrite changes the graph while matching goes on: `Edit` records the
+changes and makes them in one pass at the end, so every match sees the
+graph tf2onnx wrote.
+
+Why this helper rather than onnxscript's rewriter (which also has patterns,
+checks with reasons and replacements): docs/export.md, "How a fusion is
+written", measured by benchmarks/rule_engines.py.
+"""
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One fusion: where a match starts, the form it takes, its check and its rewrite."""
+
+    makes: str  # the op type the rewrite makes, the report's key
+    anchor: str
+    form: str
+    match: Callable
+    rewrite: Callable
+    reason_prefix: str = ""  # put before each reason in `declined`
+
+
+def body_reads(node) -> set[str]:
+    """Names the subgraphs of `node` read from enclosing graphs."""
+    from keras_layers.export.slimming import free_names, subgraphs
+
+    found = set()
+    for body in subgraphs(node):
+        found |= free_names(body)
+    return found
+
+
+class Graph:
+    """Producer, consumer, constant and shape lookups over a GraphProto.
+
+    `shapes` is `tensor_shapes`' answer; `facts`, what else a rule's match
+    reads (a rotation's symbolic dims, a LayerNorm's ranks), become
+    attributes of the same names.
+    """
+
+    def __init__(self, graph, shapes: dict | None = None, **facts):
+        self.graph = graph
+        self.producer = {out: node for node in graph.node for out in node.output}
+        self.consumers = defaultdict(list)
+        for node in graph.node:
+            for name in node.input:
+                self.consumers[name].append(node)
+            # A Loop/If/Scan body may read a value of this graph without
+            # listing it as an input: that node reads it too, so no fusion
+            # may take the value away from it.
+            for name in body_reads(node):
+                self.consumers[name].append(node)
+        self.outputs = {value.name for value in graph.output}
+        self.inputs = {value.name for value in graph.input}
+        self.initializers = {init.name: init for init in graph.initializer}
+        self.shapes = {} if shapes is None else shapes
+        self.__dict__.update(facts)
+
+    def const(self, name):
+        """The values of initializer `name`; None if it is not one, or if its
+        values are in a data file (a weight: no rule reads one's values)."""
+        init = self.initializers.get(name)
+        if init is None or init.data_location == TensorProto.EXTERNAL:
+            return None
+        return numpy_helper.to_array(init)
+
+    def const_shape(self, name):
+        """The shape of initializer `name` (wherever its values are), or None."""
+        init = self.initializers.get(name)
+        return None if init is None else tuple(init.dims)
+
+    def node(self, name, op_type):
+        node = self.producer.get(name)
+        return node if node is not None and node.op_type == op_type else None
+
+    def only_used_by(self, name, count=1):
+        return name not in self.outputs and len(self.consumers[name]) == count
+
+    def other_input(self, node, name):
+        first, second = node.input
+        return second if first == name else first if second == name else None
+
+    def scalar(self, name):
+        """The one value of constant `name`, or None if it is no one-value constant."""
+        value = self.const(name)
+        return None if value is None or value.size != 1 else float(value.reshape(-1)[0])
+
+    def is_scalar(self, name, value: float, tolerance: float = 0.0) -> bool:
+        """Whether `name` is a constant holding one value within `tolerance` of `value`."""
+        found = self.scalar(name)
+        return found is not None and abs(found - value) <= tolerance
+
+    def constant_input(self, node, value: float, tolerance: float = 0.0):
+        """The input of the binary `node` that is not the scalar constant `value`, or None."""
+        name = next((i for i in node.input if self.is_scalar(i, value, tolerance)), None)
+        return None if name is None else self.other_input(node, name)
+
+
+class Edit:
+    """The changes a rule's rewrites make, made at once by `commit`.
+
+    Nodes replace a node in its place (`replace`), go before a node
+    (`before`) or right after the node that makes a value (`after`; at the
+    start of the graph when the value is an input or an initializer). Values
+    computed once for many matches (a mask's bias, a table) are made through
+    `once`; constants shared by matches through `constant`.
+    """
+
+    def __init__(self, proto):
+        self.proto = proto
+        graph = proto.graph
+        self.taken = {
+            *(name for node in graph.node for name in node.output),
+            *(init.name for init in graph.initializer),
+            *(value.name for value in graph.input),
+        }
+        self.sources = {init.name for init in graph.initializer} | {v.name for v in graph.input}
+        self._replaced, self._before, self._after = {}, defaultdict(list), defaultdict(list)
+        self._constants, self._once = {}, {}
+        self.count = 0
+
+    def fresh(self, name: str) -> str:
+        """`name`, or `name` with underscores added until no tensor has it."""
+        while name in self.taken:
+            name += "_"
+        self.taken.add(name)
+        return name
+
+    def constant(self, key: str, value) -> str:
+        """The name of a constant holding `value`, made once per `key`."""
+        if key not in self._constants:
+            self._constants[key] = self.fresh(key)
+            array = numpy_helper.from_array(np.asarray(value), self._constants[key])
+            self.proto.graph.initializer.append(array)
+        return self._constants[key]
+
+    def initializer(self, name: str, value) -> str:
+        """A new constant named after `name`; its (unique) name."""
+        name = self.fresh(name)
+        self.proto.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def once(self, key, make: Callable):
+        """`make()`'s answer for `key`, called the first time only."""
+        if key not in self._once:
+            self._once[key] = make()
+        return self._once[key]
+
+    def replace(self, node, nodes: list) -> None:
+        """Put `nodes` where `node` is; the last of them takes over its outputs."""
+        nodes[-1].ClearField("output")
+        nodes[-1].output.extend(node.output)
+        self._replaced[node.output[0]] = nodes
+
+    def before(self, node, nodes: list) -> None:
+        self._before[node.output[0]] += nodes
+
+    def after(self, name: str, nodes: list) -> None:
+        self._after[name] += nodes
+
+    def commit(self) -> None:
+        """Make the recorded changes, in one pass over the graph's nodes."""
+        if not (self._replaced or self._before or self._after):
+            return
+        graph = self.proto.graph
+        nodes = [new for name in self._after if name in self.sources for new in self._after[name]]
+        for node in graph.node:
+            key = node.output[0] if node.output else None
+            nodes += self._before.get(key, [])
+            nodes += self._replaced.get(key, [node])
+            nodes += [new for output in node.output for new in self._after.get(output, [])]
+        del graph.node[:]
+        graph.node.extend(nodes)
+        if any(node.domain == "com.microsoft" for node in nodes):
+            use_contrib_domain(self.proto)
+
+
+def apply(rule: Rule, proto, declined: list | None = None, shapes=None, **facts) -> int:
+    """Match `rule` at every node of its anchor type and rewrite each match.
+
+    `shapes` and `facts` go to the `Graph` the match reads. Returns how many
+    matches were rewritten; `declined`, when given, gets (anchor's output,
+    reason) for each candidate whose check failed.
+    """
+    g = Graph(proto.graph, shapes, **facts)
+    edit = Edit(proto)
+    for node in [n for n in proto.graph.node if n.op_type == rule.anchor]:
+        found = rule.match(g, node)
+        if isinstance(found, str):
+            if declined is not None:
+                declined.append((node.output[0], rule.reason_prefix + found))
+        elif found is not None:
+            rule.rewrite(edit, found)
+            edit.count += 1
+    edit.commit()
+    return edit.count
+
+
+def use_contrib_domain(proto) -> None:
+    """Import ONNX Runtime's `com.microsoft` domain, where its fused ops live."""
+    if not any(o.domain == "com.microsoft" for o in proto.opset_import):
+        proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+
+
+def perm(node):
+    """A Transpose node's `perm`, or None when absent (reverse every axis)."""
+    return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+
+
+def attribute(node, name, default):
+    """The value of `node`'s attribute `name`, or `default` when it has none."""
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def opset(proto) -> int:
+    """The model's default-domain opset."""
+    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def last_axis_reduce(g, node, rank):
+    """Whether a ReduceMean node averages over the last axis only, keeping dims."""
+    if attribute(node, "keepdims", 1) != 1:
+        return False
+    axes = attribute(node, "axes", None)
+    if axes is None and len(node.input) > 1:
+        value = g.const(node.input[1])
+        axes = None if value is None else value.reshape(-1).tolist()
+    return axes is not None and len(axes) == 1 and axes[0] in (-1, rank - 1)
+
+
+def tensor_shapes(proto) -> dict:
+    """Shape and element type of every tensor that ONNX shape inference can tell.
+
+    {name: (dims, elem_type)}, each dim an int, a symbolic name, or None.
+    """
+    from onnx import shape_inference
+
+    inferred = shape_inference.infer_shapes(proto, data_prop=True)
+    shapes = {}
+    for value in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+        tensor = value.type.tensor_type
+        if tensor.HasField("shape"):
+            dims = [
+                d.dim_value if d.HasField("dim_value") else d.dim_param or None
+                for d in tensor.shape.dim
+            ]
+            shapes[value.name] = (dims, tensor.elem_type)
+    return shapes
+
+
+def tensor_ranks(shapes: dict) -> dict:
+    """Rank of every tensor in `tensor_shapes`' answer."""
+    return {name: len(dims) for name, (dims, _) in shapes.items()}

@@ -1,0 +1,120 @@
+"""`fusions.pattern`: the rule helper every fusion is written with.
+
+A toy rule (relu(-x) as -min(x, 0)) exercises what the real rules rely on:
+reasons reach `declined` with the rule's prefix, nothing changes while
+matching, a value made `once` is shared, nodes placed after a graph input go
+first, and the rewritten graph computes what NumPy computes.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from keras_layers.export import fusions
+from keras_layers.export.fusions import (
+    gelu,
+    layer_norm,
+    matmul,
+    multi_head_attention,
+    pattern,
+    rms_norm,
+    rotary,
+)
+
+RULES = (
+    layer_norm.RULE,
+    matmul.RULE,
+    multi_head_attention.RULE,
+    rms_norm.RULE,
+    rotary.RULE,
+    gelu.ERFC_GELU,
+)
+
+
+def _match(g, relu):
+    negated = g.node(relu.input[0], "Neg")
+    if negated is None:
+        return None  # not a candidate: says nothing
+    if not g.only_used_by(negated.output[0]):
+        return "the negation is read by more than one node"
+    return negated.input[0], relu
+
+
+def _rewrite(edit, match):
+    x, relu = match
+    zero = edit.constant("toy_zero", np.float32(0))
+
+    # A copy of x made once for every match, right after the graph input.
+    def copy():
+        made = edit.fresh("x_copy")
+        edit.after(x, [helper.make_node("Identity", [x], [made])])
+        return made
+
+    source = edit.once(("copy", x), copy)
+    low = edit.fresh(f"{relu.output[0]}_min")
+    edit.replace(
+        relu,
+        [helper.make_node("Min", [source, zero], [low]), helper.make_node("Neg", [low], [])],
+    )
+
+
+TOY = pattern.Rule("Neg", "Relu", "Relu(Neg(x))", _match, _rewrite, reason_prefix="Relu: ")
+
+
+def _toy_graph():
+    nodes = [
+        helper.make_node("Neg", ["x"], ["n1"]),
+        helper.make_node("Relu", ["n1"], ["r1"]),  # a match
+        helper.make_node("Neg", ["x"], ["n2"]),
+        helper.make_node("Relu", ["n2"], ["r2"]),  # declined: n2 is read twice
+        helper.make_node("Relu", ["x"], ["r3"]),  # no candidate
+        helper.make_node("Sum", ["r1", "r2", "r3", "n2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "toy",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_rule_rewrites_matches_and_says_why_it_declined_the_others():
+    proto = _toy_graph()
+    declined = []
+    assert pattern.apply(TOY, proto, declined) == 1
+    assert declined == [("r2", "Relu: the negation is read by more than one node")]
+    onnx.checker.check_model(proto)
+    ops = [node.op_type for node in proto.graph.node]
+    assert ops[0] == "Identity"  # after the graph input: first
+    assert ops.count("Relu") == 2 and ops.count("Min") == 1
+    x = np.array([[-2.0, -0.5, 0.0], [0.5, 1.0, 3.0]], np.float32)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"x": x})
+    relu = np.maximum
+    np.testing.assert_array_equal(y, relu(-x, 0) + relu(-x, 0) + relu(x, 0) + -x)
+
+
+def test_an_edit_leaves_the_graph_alone_until_committed():
+    proto = _toy_graph()
+    before = proto.SerializeToString()
+    g = pattern.Graph(proto.graph)
+    edit = pattern.Edit(proto)
+    _rewrite(edit, _match(g, g.producer["r1"]))
+    assert proto.graph.node[1].op_type == "Relu"  # nothing moved yet
+    edit.commit()
+    assert proto.SerializeToString() != before
+    assert [n.op_type for n in proto.graph.node][:3] == ["Identity", "Neg", "Min"]
+
+
+def test_every_rule_is_listed_in_the_docs_with_its_form():
+    """docs/export.md, "How a fusion is written", shows each rule's anchor and form."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "export.md").read_text()
+    section = page.split("## How a fusion is written", 1)[1].split("\n## ", 1)[0]
+    for rule in RULES:
+        assert f"`{rule.form}`" in section, rule.makes
+        assert f"`{rule.anchor}`" in section and f"`{rule.makes}`" in section, rule.makes
+    assert fusions.GELU_FUSED  # the rest of gelu's ops are ONNX Runtime's own fusions
