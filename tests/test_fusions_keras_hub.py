@@ -375,6 +375,13 @@ def _biased_attention(form, heads, size, bias_shape=None):
             helper.make_node("Add", ["qk", "bias"], ["summed"]),
             helper.make_node("Mul", ["summed", "scale"], ["logits"]),
         ]
+    elif form == "xlnet":  # ((content + position) + segment) * scale
+        nodes = [
+            *product,
+            helper.make_node("Add", ["qk", "bias"], ["content_position"]),
+            helper.make_node("Add", ["content_position", "bias2"], ["summed"]),
+            helper.make_node("Mul", ["summed", "scale"], ["logits"]),
+        ]
     elif form == "bloom":
         nodes = [
             *product,
@@ -413,6 +420,8 @@ def _biased_attention(form, heads, size, bias_shape=None):
     if form != "neox":
         default = ["b", heads, "q_len", "k_len"] if form == "t5" else [1, heads, 1, "k_len"]
         inputs.append(_tensor("bias", bias_shape or default))
+    if form == "xlnet":
+        inputs.append(_tensor("bias2", ["b", heads, "q_len", "k_len"]))
     if masked:
         inputs.append(_tensor("mask", ["b", 1, "q_len", "k_len"], TensorProto.BOOL))
     constants = [("scale", size**-0.5), ("big", -1e9), ("zero", 0.0)]
@@ -427,6 +436,7 @@ def _biased_reference(form, feeds, size):
     logits = {
         "t5": lambda: qk + feeds["bias"],
         "falcon": lambda: (qk + feeds["bias"]) * scale,
+        "xlnet": lambda: (qk + feeds["bias"] + feeds["bias2"]) * scale,
         "bloom": lambda: qk * scale + feeds["bias"],
         "neox": lambda: qk * scale,
     }[form]()
@@ -439,7 +449,7 @@ def _biased_reference(form, feeds, size):
     return np.einsum("bnts,bsnh->btnh", probs, v)
 
 
-@pytest.mark.parametrize("form", ["t5", "falcon", "bloom", "neox"])
+@pytest.mark.parametrize("form", ["t5", "falcon", "xlnet", "bloom", "neox"])
 def test_biased_and_rescaled_attention_is_fused_exactly(form):
     """On a padded batch with an all-padding row and logits in the hundreds,
     the fused graph gives what the formula and the unfused graph give."""
@@ -465,6 +475,8 @@ def test_biased_and_rescaled_attention_is_fused_exactly(form):
     elif form != "neox":
         slopes = np.float32([0.5, 0.25]).reshape(1, heads, 1, 1)
         feeds["bias"] = (slopes * np.arange(length, dtype="float32")).astype("float32")
+    if form == "xlnet":  # relative-position and segment terms, one per row, head and pair
+        feeds["bias2"] = rng.normal(0, 3, (batch, heads, length, length)).astype("float32")
     if form != "t5":
         feeds["mask"] = mask
     expected = _biased_reference(form, feeds, size)
@@ -505,13 +517,15 @@ def test_a_bias_the_fused_op_cannot_take_is_left_alone(bias_shape, reason):
         ("CLIPTextEncoder", 2),
         ("DebertaV3Backbone", 2),
         ("GemmaBackbone", 2),
+        ("XLNetBackbone", 2),
     ],
 )
 def test_keras_hub_attention_with_a_bias_is_fused_in_every_layer(name, attentions, tmp_path):
     """T5 (relative bias, unscaled; 2 encoder, 2 decoder and 2 cross
     attentions), Falcon (ALiBi), CLIP (the mask built from the logits' shape),
-    DeBERTa (disentangled terms, the key's transpose read twice) and Gemma
-    (grouped-query attention, one key/value head), each built tiny by
+    DeBERTa (disentangled terms, the key's transpose read twice), Gemma
+    (grouped-query attention, one key/value head) and XLNet (position and
+    segment terms summed in a tree of Adds), each built tiny by
     zoo_models: one fused op per attention, no softmax left, and the file
     agrees with Keras on zoo_models' right-padded feed."""
     import zoo_models

@@ -81,7 +81,7 @@ class Attention:
     size: int
     out: object  # the Transpose node whose output the fused nodes take over
     zeroes_masked_rows: bool  # keras.layers.Softmax's path, see `probabilities_reader`
-    bias: str | None = None  # added to the logits, times `bias_scale` if that is set
+    bias: tuple | None = None  # terms added to the logits, times `bias_scale` if set
     bias_scale: float | None = None
     shape_readers: tuple = ()  # `Shape` nodes of the (B, N, T, S) logits
     groups: int = 1  # query heads per key/value head, see `grouped_attention`
@@ -222,16 +222,30 @@ def combined_scale(factors: list):
     return scale
 
 
+def _sum_terms(g, name) -> list:
+    """The terms of the tree of `Add`s producing `name`: an inner `Add` is part
+    of the tree where its parent alone reads it."""
+    terms = []
+    for side in dict.fromkeys(g.producer[name].input):
+        if g.node(side, "Add") is not None and g.only_used_by(side):
+            terms += _sum_terms(g, side)
+        else:
+            terms.append(side)
+    return terms
+
+
 def _attention_logits(g, logits, shapes):
-    """(q, k, scale, bias, bias scale) for logits `scale * q.k^T + bias_scale * bias`,
-    bias and bias scale None where there is none; or a reason.
+    """(q, k, scale, bias terms, bias scale) for logits
+    `scale * q.k^T + bias_scale * sum(bias terms)`, bias terms and bias scale
+    None where there is none; or a reason.
 
     The logits are a `_product`, up to float rounding where the scale is
-    applied, as `MultiHeadAttention` computes them; or such a product plus a
-    float32 tensor of rank up to 4 that broadcasts to (B, N, T, S) (T5's
+    applied, as `MultiHeadAttention` computes them; or such a product plus
+    float32 tensors of rank up to 4 that broadcast to (B, N, T, S) (T5's
     relative position bias, Bloom's and Falcon's ALiBi, DeBERTa's
-    disentangled terms), added before or after the scale: keras-hub's Falcon
-    writes `(q.k^T + alibi) * scale`, which `MultiHeadAttention` computes as
+    disentangled terms, XLNet's position and segment terms, summed in a tree
+    of `Add`s), added before or after the scale: keras-hub's Falcon writes
+    `(q.k^T + alibi) * scale`, which `MultiHeadAttention` computes as
     `scale * q.k^T + (scale * alibi)`, its `attention_bias`.
     """
     readers = []  # `Shape` nodes reading the logits, see `_sole_reader`
@@ -244,18 +258,19 @@ def _attention_logits(g, logits, shapes):
         if not g.only_used_by(name):
             return "the biased logits are read by more than one node"
         reasons = []
-        for side in dict.fromkeys(add.input):
-            side_readers = []
-            found = _product(g, side, side_readers)
+        terms = _sum_terms(g, name)
+        for position, term in enumerate(terms):
+            term_readers = []
+            found = _product(g, term, term_readers)
             if not isinstance(found, str):
-                bias = g.other_input(add, side)
-                readers += side_readers
+                bias = tuple(terms[:position] + terms[position + 1 :])
+                readers += term_readers
                 break
             reasons.append(found)
-        else:  # the side that is a product of some kind says why it is not ours
+        else:  # the term that is a product of some kind says why it is not ours
             found = min(reasons, key=lambda reason: reason == "the logits are not a MatMul")
-        if bias is not None:
-            dims, elem_type = shapes.get(bias, (None, None))
+        for term in bias or ():
+            dims, elem_type = shapes.get(term, (None, None))
             if dims is None or len(dims) > 4 or elem_type != TensorProto.FLOAT:
                 return "the bias added to the logits is not float32 of known rank up to 4"
             if len(dims) == 4 and isinstance(dims[0], int) and dims[0] > 1:

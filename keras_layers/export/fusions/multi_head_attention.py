@@ -147,7 +147,10 @@ def _rewrite(edit, match: Attention) -> None:
         # The added bias, scaled and summed with the mask's once for all the
         # layers that read them, before the first of those layers.
         def total_bias():
-            total = match.bias
+            total = match.bias[0]
+            for term in match.bias[1:]:  # XLNet's position and segment terms
+                nodes.append(helper.make_node("Add", [total, term], [edit.fresh(f"{term}_sum")]))
+                total = nodes[-1].output[0]
             if match.bias_scale is not None:
                 factor = edit.constant(
                     f"mha_bias_scale_{match.bias_scale}", np.float32(match.bias_scale)
