@@ -518,14 +518,16 @@ def test_a_bias_the_fused_op_cannot_take_is_left_alone(bias_shape, reason):
         ("DebertaV3Backbone", 2),
         ("GemmaBackbone", 2),
         ("XLNetBackbone", 2),
+        ("Gemma3nBackbone", 2),
     ],
 )
 def test_keras_hub_attention_with_a_bias_is_fused_in_every_layer(name, attentions, tmp_path):
     """T5 (relative bias, unscaled; 2 encoder, 2 decoder and 2 cross
     attentions), Falcon (ALiBi), CLIP (the mask built from the logits' shape),
     DeBERTa (disentangled terms, the key's transpose read twice), Gemma
-    (grouped-query attention, one key/value head) and XLNet (position and
-    segment terms summed in a tree of Adds), each built tiny by
+    (grouped-query attention, one key/value head), XLNet (position and
+    segment terms summed in a tree of Adds) and Gemma 3n (heads repeated
+    as `repeat_kv` does), each built tiny by
     zoo_models: one fused op per attention, no softmax left, and the file
     agrees with Keras on zoo_models' right-padded feed."""
     import zoo_models
@@ -665,4 +667,110 @@ def test_a_reshape_that_is_no_transpose_is_left_alone():
     assert fusions.fuse_attention(proto, fusions.tensor_shapes(proto), declined) == 0
     assert [why for _, why in declined] == [
         "the grouped values do not reach the product through a transpose and an Unsqueeze"
+    ]
+
+
+def _repeated_kv_attention(kv_heads, groups, size, target="shape", repeat_axis=3):
+    """Grouped-query attention in keras-hub's Gemma 3n form: q (B, T, N, H);
+    k and v (B, S, K, H) made heads-first and repeated as Hugging Face's
+    `repeat_kv`, `Reshape(Tile(Unsqueeze(., [2, 3]), [1, 1, 1, G, 1, 1]))`,
+    to (B, N, S, H); the key then transposed to (B, N, H, S). The reshape's
+    target is read off the shape (`target="shape"`) or a constant
+    [0, N, -1, H]. `repeat_axis` 1 tiles the key/value head axis instead:
+    query head n then reads head n % K, another order."""
+    heads = kv_heads * groups
+    repeats = [1, 1, 1, 1, 1, 1]
+    repeats[repeat_axis] = groups
+    nodes = [helper.make_node("Transpose", ["q"], ["qt"], perm=[0, 2, 1, 3])]
+    for x in "kv":
+        nodes += [
+            helper.make_node("Transpose", [x], [f"{x}t"], perm=[0, 2, 1, 3]),
+            helper.make_node("Unsqueeze", [f"{x}t", "axes23"], [f"{x}u"]),
+            helper.make_node("Tile", [f"{x}u", "repeats"], [f"{x}tiled"]),
+        ]
+        if target == "shape":
+            nodes += [
+                helper.make_node("Shape", [f"{x}t"], [f"{x}shape"]),
+                helper.make_node("Slice", [f"{x}shape", "zero_i", "one_i", "zero_i"], [f"{x}b"]),
+                helper.make_node("Slice", [f"{x}shape", "two_i", "three_i", "zero_i"], [f"{x}s"]),
+                helper.make_node(
+                    "Concat", [f"{x}b", "heads_i", f"{x}s", "size_i"], [f"{x}target"], axis=0
+                ),
+            ]
+        target_name = f"{x}target" if target == "shape" else "const_target"
+        nodes.append(helper.make_node("Reshape", [f"{x}tiled", target_name], [f"{x}r"]))
+    nodes += [
+        helper.make_node("Transpose", ["kr"], ["krt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["qt", "krt"], ["logits"]),
+        helper.make_node("Where", ["mask", "logits", "big"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+        helper.make_node("MatMul", ["probs", "vr"], ["heads"]),
+        helper.make_node("Transpose", ["heads"], ["y"], perm=[0, 2, 1, 3]),
+    ]
+    inputs = [
+        _tensor("q", ["b", "q_len", heads, size]),
+        _tensor("k", ["b", "k_len", kv_heads, size]),
+        _tensor("v", ["b", "k_len", kv_heads, size]),
+        _tensor("mask", ["b", 1, "q_len", "k_len"], TensorProto.BOOL),
+    ]
+    outputs = [_tensor("y", ["b", "q_len", heads, size])]
+    model = _model(nodes, inputs, outputs, [("big", -1e9)])
+    integers = {
+        "axes23": [2, 3],
+        "repeats": repeats,
+        "zero_i": [0],
+        "one_i": [1],
+        "two_i": [2],
+        "three_i": [3],
+        "heads_i": [heads],
+        "size_i": [size],
+        "const_target": [0, heads, -1, size],
+    }
+    model.graph.initializer.extend(
+        numpy_helper.from_array(np.array(value, np.int64), name) for name, value in integers.items()
+    )
+    return model
+
+
+@pytest.mark.parametrize(("kv_heads", "groups", "target"), [(1, 2, "shape"), (2, 2, "constant")])
+def test_heads_repeated_as_repeat_kv_are_fused_exactly(kv_heads, groups, target):
+    """Gemma 3n's grouped-query attention: query head n reads key/value head
+    n // G. The fused graph gives what the formula gives on a padded batch."""
+    size, batch, length = 4, 3, 6
+    proto = _repeated_kv_attention(kv_heads, groups, size, target)
+    unfused = ort.InferenceSession(proto.SerializeToString())
+    declined = []
+    assert fusions.fuse_attention(proto, fusions.tensor_shapes(proto), declined) == 1, declined
+    remove_dead_nodes(proto)
+    ops = [node.op_type for node in proto.graph.node]
+    assert "Softmax" not in ops and "Tile" not in ops and "MultiHeadAttention" in ops
+    fused = ort.InferenceSession(proto.SerializeToString())
+
+    rng = np.random.default_rng(5)
+    q = rng.normal(0, 8, (batch, length, kv_heads * groups, size)).astype("float32")
+    k, v = (rng.normal(0, 6, (batch, length, kv_heads, size)).astype("float32") for _ in "kv")
+    valid = np.arange(length)[None] < np.array([[length], [4], [1]])
+    causal = np.tril(np.ones((length, length), bool))
+    mask = (causal[None] & valid[:, None, :])[:, None]  # (B, 1, T, S)
+    head_of = np.arange(kv_heads * groups) // groups  # query head n reads head n // G
+    logits = np.einsum("btnh,bsnh->bnts", q, k[:, :, head_of])
+    assert np.abs(logits).max() > 100
+    logits = np.where(mask, logits, np.float32(-1e9))
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    expected = np.einsum("bnts,bsnh->btnh", probs, v[:, :, head_of])
+    feeds = {"q": q, "k": k, "v": v, "mask": mask}
+    (got,) = fused.run(None, feeds)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, unfused.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_heads_repeated_in_another_order_are_left_alone():
+    """Tiling the key/value head axis instead (head n reads head n % K) is
+    not the order the fused op's repeat gives: no fusion, and the reason."""
+    proto = _repeated_kv_attention(2, 2, 4, repeat_axis=1)
+    declined = []
+    assert fusions.fuse_attention(proto, fusions.tensor_shapes(proto), declined) == 0
+    assert [why for _, why in declined] == [
+        "the values do not reach the product through a heads-first transpose"
     ]

@@ -68,6 +68,107 @@ def _reshape_is_transpose(g, reshape, perm) -> bool:
     return (target == -1).sum() <= 1
 
 
+def heads_first(g, name):
+    """(x, G) when `name` is x (B, S, K, H) made heads-first, (B, K * G, S, H),
+    each of its K heads repeated G times in a row; None otherwise.
+
+    G is 1 for a plain `Transpose(x, [0, 2, 1, 3])`. keras-hub's Gemma 3n
+    repeats key and value heads for grouped-query attention as Hugging Face's
+    `repeat_kv` does: `Reshape(Tile(Unsqueeze(y, [2, 3]), [1, 1, 1, G, 1, 1]),
+    (B, K * G, S, H))` of the heads-first y, so that head k * G + g reads head
+    k, the order `MultiHeadAttention`'s rewrite repeats them in.
+    """
+    x = transposed(g, name, HEADS_FIRST)
+    if x is not None:
+        return x, 1
+    reshape = g.node(name, "Reshape")
+    tile = reshape and g.node(reshape.input[0], "Tile")
+    unsqueeze = tile and g.node(tile.input[0], "Unsqueeze")
+    if not unsqueeze or len(unsqueeze.input) != 2:
+        return None
+    axes, repeats = g.const(unsqueeze.input[1]), g.const(tile.input[1])
+    if axes is None or repeats is None or axes.reshape(-1).tolist() != [2, 3]:
+        return None
+    repeats = repeats.reshape(-1).tolist()
+    if len(repeats) != 6 or repeats[:3] != [1, 1, 1] or repeats[4:] != [1, 1]:
+        return None
+    y = unsqueeze.input[0]
+    x = transposed(g, y, HEADS_FIRST)
+    dims = g.shapes.get(y, (None,))[0]
+    if x is None or dims is None or len(dims) != 4:
+        return None
+    kv_heads, size, groups = dims[1], dims[3], repeats[3]
+    if not (isinstance(kv_heads, int) and isinstance(size, int) and groups >= 1):
+        return None
+    if not _is_shape_of(g, reshape.input[1], [(y, 0), kv_heads * groups, (y, 2), size]):
+        return None
+    return x, groups
+
+
+def _skip_casts(g, name):
+    node = g.producer.get(name)
+    while node is not None and node.op_type == "Cast":
+        node = g.producer.get(node.input[0])
+    return node
+
+
+def _axis_of_shape(g, name):
+    """(x, axis) when `name` is one dim of `Shape(x)` (through casts, a
+    one-element Slice or a Gather of one index), else None."""
+    node = _skip_casts(g, name)
+    if node is None or node.op_type not in ("Slice", "Gather"):
+        return None
+    index = g.const(node.input[1])
+    if index is None or index.size != 1:
+        return None
+    index = int(index.reshape(-1)[0])
+    if node.op_type == "Slice":
+        # ends [index + 1]; axes, if given, [0]; steps, if given, [1]
+        for position, wanted in ((2, index + 1), (3, 0), (4, 1)):
+            given = node.input[position] if len(node.input) > position else ""
+            value = g.const(given) if given else np.array([wanted])
+            if value is None or value.reshape(-1).tolist() != [wanted]:
+                return None
+    elif pattern.attribute(node, "axis", 0) != 0:
+        return None
+    source = _skip_casts(g, node.input[0])
+    if source is None or source.op_type != "Shape" or index < 0:
+        return None
+    if pattern.attribute(source, "end", None) is not None:
+        return None
+    return source.input[0], pattern.attribute(source, "start", 0) + index
+
+
+def _is_shape_of(g, target, wanted: list) -> bool:
+    """Whether the reshape target `target` is, entry by entry, `wanted`: an
+    int (a constant) or (x, axis), that dim of x, read off `Shape(x)`. In a
+    constant target, 0 in first place stands for x's axis 0 (the reshaped
+    tensor has x's batch there) and -1 for a dim of x (the one left, once
+    the other entries, exact, are divided out)."""
+    const = g.const(target)
+    if const is not None:
+        values = const.reshape(-1).tolist()
+        if len(values) != len(wanted) or values.count(-1) > 1:
+            return False
+        return all(
+            value == want
+            if isinstance(want, int)
+            else value == -1 or (value == 0 and want[1] == position == 0)
+            for position, (value, want) in enumerate(zip(values, wanted, strict=True))
+        )
+    concat = _skip_casts(g, target)
+    if concat is None or concat.op_type != "Concat":
+        return False
+    parts = []
+    for part in concat.input:
+        value = g.const(part)
+        if value is not None:
+            parts += value.reshape(-1).tolist()
+        else:
+            parts.append(_axis_of_shape(g, part))
+    return parts == wanted
+
+
 @dataclass
 class Attention:
     """One matched attention: what `MultiHeadAttention` needs to replace it."""
@@ -84,7 +185,8 @@ class Attention:
     bias: tuple | None = None  # terms added to the logits, times `bias_scale` if set
     bias_scale: float | None = None
     shape_readers: tuple = ()  # `Shape` nodes of the (B, N, T, S) logits
-    groups: int = 1  # query heads per key/value head, see `grouped_attention`
+    groups: int = 1  # query heads per key/value head, see `heads_first`, `grouped_attention`
+    five_d: bool = False  # q and the output (B, T, K, G, H), see `grouped_attention`
     mask_rank: int = 0  # the mask's rank where shape inference tells it
 
 
@@ -173,8 +275,9 @@ def scaled(g, name, shape_readers=None):
 
 
 def _product(g, name, shape_readers: list):
-    """(q, k, scale factors) for a q.k^T product, scaled or not, producing `name`,
-    q and k (B, T|S, N, H); or a reason. `Shape` nodes reading the (B, N, T, S)
+    """(q, k, scale factors, G) for a q.k^T product, scaled or not, producing
+    `name`, q (B, T, N, H) and k (B, S, N / G, H), each head of k repeated G
+    times in a row (see `heads_first`); or a reason. `Shape` nodes reading the (B, N, T, S)
     tensors on the way go to `shape_readers` (see `_sole_reader`).
 
     The trace of `ops.dot_product_attention` writes `MatMul(q^T, k^T)`;
@@ -196,19 +299,24 @@ def _product(g, name, shape_readers: list):
         product = g.node(inside, "MatMul")
         if product is None or not g.only_used_by(inside):
             return "the logits are not a transposed product"
-        k_side, q_side, q_perm = product.input[0], product.input[1], [0, 2, 3, 1]
-        k = transposed(g, k_side, HEADS_FIRST)
+        q_side, q_perm = product.input[1], [0, 2, 3, 1]
+        found = heads_first(g, product.input[0])
     else:
         product = g.node(name, "MatMul")
         if product is None:
             return "the logits are not a MatMul"
         q_side, q_perm = product.input[0], HEADS_FIRST
         k = transposed(g, product.input[1], [0, 2, 3, 1])
+        found = (k, 1) if k is not None else None
+        last_two = g.node(product.input[1], "Transpose")  # k heads-first, then (H, S)
+        if found is None and last_two is not None and pattern.perm(last_two) == [0, 1, 3, 2]:
+            found = heads_first(g, last_two.input[0])
     q = transposed(g, q_side, q_perm)
-    if q is None or k is None:
+    if q is None or found is None:
         return "the query and key do not reach the product through heads-first transposes"
     q, inner = scaled(g, q)
-    return q, k, [outer, middle, inner]
+    k, groups = found
+    return q, k, [outer, middle, inner], groups
 
 
 def combined_scale(factors: list):
@@ -277,17 +385,18 @@ def _attention_logits(g, logits, shapes):
                 return "the bias added to the logits has a fixed batch"
     if isinstance(found, str):
         return found
-    q, k, factors = found
+    q, k, factors, groups = found
     if bias is not None:
         factors = [*factors, outer]
     scale = combined_scale(factors)
     if isinstance(scale, str):
         return scale
-    return q, k, scale, bias, (outer if bias is not None else None), readers
+    return q, k, scale, bias, (outer if bias is not None else None), readers, groups
 
 
-def _attention_heads(shapes, q, k, v, out):
-    """(heads, head size) when q, k, v and the output are float32 (B, T, N, H), or a reason."""
+def _attention_heads(shapes, q, k, v, out, groups=1):
+    """(heads, head size) when q, k, v and the output are float32 (B, T, N, H),
+    k and v with N / `groups` heads; or a reason."""
     known = [shapes.get(name) for name in (q, k, v, out)]
     if any(info is None or len(info[0]) != 4 for info in known):
         return "q, k, v or the output has no known rank 4"
@@ -296,7 +405,11 @@ def _attention_heads(shapes, q, k, v, out):
     heads, size = known[0][0][2:]
     if not isinstance(heads, int) or not isinstance(size, int):
         return "the number of heads or the head size is not static"
-    if any(info[0][2:] != [heads, size] for info in known[1:]):
+    if heads % groups or [info[0][2:] for info in known[1:]] != [
+        [heads // groups, size],
+        [heads // groups, size],
+        [heads, size],
+    ]:
         return "q, k, v and the output differ in heads or head size"
     return heads, size
 
@@ -313,9 +426,10 @@ def match_plain(g, softmax, pv, zeroing, out):
     shapes = g.shapes
     if out.op_type != "Transpose" or pattern.perm(out) != HEADS_FIRST:
         return "the attention output is not transposed back to (B, T, N, H)"
-    v = transposed(g, pv.input[1], HEADS_FIRST)
-    if v is None:
+    found = heads_first(g, pv.input[1])
+    if found is None:
         return "the values do not reach the product through a heads-first transpose"
+    v, value_groups = found
     found = attention_mask(g, softmax, zeroing)
     if isinstance(found, str):
         return found
@@ -323,8 +437,10 @@ def match_plain(g, softmax, pv, zeroing, out):
     found = _attention_logits(g, logits, shapes)
     if isinstance(found, str):
         return found
-    q, k, scale, bias, bias_scale, shape_readers = found
-    found = _attention_heads(shapes, q, k, v, out.output[0])
+    q, k, scale, bias, bias_scale, shape_readers, groups = found
+    if groups != value_groups:
+        return "the key's and the value's heads are repeated differently"
+    found = _attention_heads(shapes, q, k, v, out.output[0], groups)
     if isinstance(found, str):
         return found
     heads, size = found
@@ -332,4 +448,6 @@ def match_plain(g, softmax, pv, zeroing, out):
         return "the mask's rank is unknown or above 4"
     zeroes = zeroing is not None
     readers = tuple(shape_readers)
-    return Attention(q, k, v, mask, scale, heads, size, out, zeroes, bias, bias_scale, readers)
+    return Attention(
+        q, k, v, mask, scale, heads, size, out, zeroes, bias, bias_scale, readers, groups
+    )

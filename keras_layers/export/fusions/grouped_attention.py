@@ -82,4 +82,4 @@ def match_grouped(g, softmax, pv, zeroing, out):
         if dims is None or not (len(dims) <= 3 or (len(dims) == 5 and dims[1:3] == [1, 1])):
             return "the grouped mask is not (B or 1, 1, 1, T, S) or of rank up to 3"
     heads, zeroes = kv_heads * groups, zeroing is not None
-    return Attention(q, k, v, mask, scale, heads, size, out, zeroes, groups=groups)
+    return Attention(q, k, v, mask, scale, heads, size, out, zeroes, groups=groups, five_d=True)

@@ -126,7 +126,7 @@ def _rewrite(edit, match: Attention) -> None:
     inputs = [name["q"], name["k"], name["v"]]
     anchor = mask  # the mask's own nodes go just after it, made once for every layer
 
-    if mask is not None and groups > 1 and match.mask_rank == 5:
+    if mask is not None and match.five_d and match.mask_rank == 5:
 
         def squeezed():  # (B or 1, 1, 1, T, S) to (B or 1, 1, T, S)
             made = edit.fresh(f"{anchor}_4d")
@@ -199,7 +199,7 @@ def _rewrite(edit, match: Attention) -> None:
     )
     split = edit.constant(f"mha_split_{heads}_{size}", np.array([0, 0, heads, size], np.int64))
     back = split
-    if groups > 1:
+    if match.five_d:
         kv_heads = heads // groups
         back = edit.constant(
             f"mha_split_{kv_heads}_{groups}_{size}",
@@ -220,7 +220,7 @@ def _rewrite(edit, match: Attention) -> None:
             helper.make_node("Reshape", [name["out"], split], [name["heads"]]),
             helper.make_node("Where", [visible, name["heads"], zero], [name["kept"]]),
         ]
-        if groups > 1:
+        if match.five_d:
             nodes.append(helper.make_node("Reshape", [name["kept"], back], []))
     else:
         nodes.append(helper.make_node("Reshape", [name["out"], back], []))
