@@ -118,3 +118,47 @@ def test_every_rule_is_listed_in_the_docs_with_its_form():
         assert f"`{rule.form}`" in section, rule.makes
         assert f"`{rule.anchor}`" in section and f"`{rule.makes}`" in section, rule.makes
     assert fusions.GELU_FUSED  # the rest of gelu's ops are ONNX Runtime's own fusions
+
+
+def _scale_from_shape(head_size):
+    """`1 / sqrt(float(shape(k)[-1]))`, as ESM's attention computes its scale."""
+    nodes = [
+        helper.make_node("Shape", ["k"], ["shape"]),
+        helper.make_node("Slice", ["shape", "minus_one", "end", "zero"], ["last"]),
+        helper.make_node("Squeeze", ["last", "zero"], ["size"]),
+        helper.make_node("Cast", ["size"], ["size_f"], to=TensorProto.FLOAT),
+        helper.make_node("Sqrt", ["size_f"], ["root"]),
+        helper.make_node("Div", ["one", "root"], ["scale"]),
+        helper.make_node("Shape", ["k"], ["first"], end=1),
+        helper.make_node("Cast", ["first"], ["first_f"], to=TensorProto.FLOAT),
+        helper.make_node("Sqrt", ["first_f"], ["first_root"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "scale",
+        [helper.make_tensor_value_info("k", TensorProto.FLOAT, ["b", "s", 2, head_size])],
+        [
+            helper.make_tensor_value_info("scale", TensorProto.FLOAT, []),
+            helper.make_tensor_value_info("first_root", TensorProto.FLOAT, [1]),
+        ],
+        [
+            onnx.numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
+            onnx.numpy_helper.from_array(np.array([2**62], np.int64), "end"),
+            onnx.numpy_helper.from_array(np.array([0], np.int64), "zero"),
+            onnx.numpy_helper.from_array(np.float32(1), "one"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_scale_computed_from_a_static_dim_is_known_and_a_dynamic_one_is_not():
+    """The value is the one ONNX Runtime computes, bit for bit; the batch dim,
+    unknown until run time, makes its root unknown."""
+    proto = _scale_from_shape(head_size=8)
+    g = pattern.Graph(proto.graph, fusions.tensor_shapes(proto))
+    value = pattern.static_value(g, "scale")
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    computed, _ = session.run(None, {"k": np.zeros((3, 5, 2, 8), np.float32)})
+    assert value.dtype == np.float32 and value.tobytes() == computed.tobytes()
+    assert pattern.static_value(g, "first_root") is None
+    assert pattern.static_value(g, "first").tolist() == [None]

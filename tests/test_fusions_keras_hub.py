@@ -519,6 +519,7 @@ def test_a_bias_the_fused_op_cannot_take_is_left_alone(bias_shape, reason):
         ("GemmaBackbone", 2),
         ("XLNetBackbone", 2),
         ("Gemma3nBackbone", 2),
+        ("ESMBackbone", 2),
     ],
 )
 def test_keras_hub_attention_with_a_bias_is_fused_in_every_layer(name, attentions, tmp_path):
@@ -526,8 +527,9 @@ def test_keras_hub_attention_with_a_bias_is_fused_in_every_layer(name, attention
     attentions), Falcon (ALiBi), CLIP (the mask built from the logits' shape),
     DeBERTa (disentangled terms, the key's transpose read twice), Gemma
     (grouped-query attention, one key/value head), XLNet (position and
-    segment terms summed in a tree of Adds) and Gemma 3n (heads repeated
-    as `repeat_kv` does), each built tiny by
+    segment terms summed in a tree of Adds), Gemma 3n (heads repeated as
+    `repeat_kv` does) and ESM (the scale computed from the head size), each
+    built tiny by
     zoo_models: one fused op per attention, no softmax left, and the file
     agrees with Keras on zoo_models' right-padded feed."""
     import zoo_models
@@ -774,3 +776,47 @@ def test_heads_repeated_in_another_order_are_left_alone():
     assert [why for _, why in declined] == [
         "the values do not reach the product through a heads-first transpose"
     ]
+
+
+def test_a_scale_computed_from_the_head_size_is_fused_exactly():
+    """ESM scales by `1 / sqrt(float(shape(k)[-1]))`, computed at run time:
+    the head size is static, so the rule knows the scale and fuses it."""
+    heads, size, batch, length = 2, 8, 2, 5
+    nodes = [
+        helper.make_node("Shape", ["k"], ["k_shape"]),
+        helper.make_node("Slice", ["k_shape", "minus_one", "end", "axis0"], ["k_last"]),
+        helper.make_node("Squeeze", ["k_last", "axis0"], ["k_size"]),
+        helper.make_node("Cast", ["k_size"], ["k_size_f"], to=TensorProto.FLOAT),
+        helper.make_node("Sqrt", ["k_size_f"], ["root"]),
+        helper.make_node("Div", ["one", "root"], ["scale"]),
+        helper.make_node("Transpose", ["q"], ["qt"], perm=[0, 2, 1, 3]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 3, 1]),
+        helper.make_node("MatMul", ["qt", "kt"], ["qk"]),
+        helper.make_node("Mul", ["qk", "scale"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+        helper.make_node("Transpose", ["v"], ["vt"], perm=[0, 2, 1, 3]),
+        helper.make_node("MatMul", ["probs", "vt"], ["heads"]),
+        helper.make_node("Transpose", ["heads"], ["y"], perm=[0, 2, 1, 3]),
+    ]
+    inputs = [_tensor(n, ["b", f"{n}_len", heads, size]) for n in "qkv"]
+    proto = _model(nodes, inputs, [_tensor("y", ["b", "q_len", heads, size])], [("one", 1.0)])
+    proto.graph.initializer.extend(
+        numpy_helper.from_array(np.array([value], np.int64), name)
+        for name, value in (("minus_one", -1), ("end", 2**62), ("axis0", 0))
+    )
+    unfused = ort.InferenceSession(proto.SerializeToString())
+    declined = []
+    assert fusions.fuse_attention(proto, fusions.tensor_shapes(proto), declined) == 1, declined
+    (fused_node,) = [n for n in proto.graph.node if n.op_type == "MultiHeadAttention"]
+    scale = next(a.f for a in fused_node.attribute if a.name == "scale")
+    assert np.float32(scale) == np.float32(1) / np.sqrt(np.float32(size))
+    fused = ort.InferenceSession(proto.SerializeToString())
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.normal(0, 6, (batch, length, heads, size)).astype("float32") for _ in "qkv")
+    logits = np.einsum("btnh,bsnh->bnts", q, k) * np.float32(size**-0.5)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    expected = np.einsum("bnts,bsnh->btnh", probs / probs.sum(-1, keepdims=True), v)
+    feeds = {"q": q, "k": k, "v": v}
+    (got,) = fused.run(None, feeds)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, unfused.run(None, feeds)[0], rtol=1e-4, atol=1e-4)

@@ -266,11 +266,12 @@ def scaled(g, name, shape_readers=None):
     if not _sole_reader(g, name, found if shape_readers is not None else None):
         return name, None
     for x in mul.input:
-        scale = g.scalar(g.other_input(mul, x))
-        if scale is not None and g.other_input(mul, x) != x:
+        other = g.other_input(mul, x)
+        value = pattern.static_value(g, other)  # a constant, or one computed from static dims
+        if other != x and value is not None and value.size == 1 and value.dtype.kind == "f":
             if shape_readers is not None:
                 shape_readers += found
-            return x, scale
+            return x, float(value.reshape(-1)[0])
     return name, None
 
 

@@ -119,6 +119,89 @@ class Graph:
         return None if name is None else self.other_input(node, name)
 
 
+# The ops `static_value` computes: those that move values (a shape's
+# entries), and float arithmetic (a scale computed from a head size).
+_MOVES = ("Identity", "Cast", "Slice", "Gather", "Squeeze", "Unsqueeze")
+_FLOAT_MATH = {
+    "Sqrt": np.sqrt,
+    "Reciprocal": np.reciprocal,
+    "Neg": np.negative,
+    "Div": np.divide,
+    "Mul": np.multiply,
+    "Add": np.add,
+    "Sub": np.subtract,
+}
+
+
+def static_value(g, name, depth: int = 12):
+    """The values of `name` where constants and static dims alone compute
+    them, as a NumPy array; None otherwise.
+
+    Keras computes some scales at run time from a shape: ESM's attention
+    scales by `1 / sqrt(float(shape(k)[-1]))` because TensorFlow lost the
+    static head size. `Shape` gives an object array, None at a dim shape
+    inference does not know; the ops that move values keep the Nones, and
+    float arithmetic needs every value known. NumPy computes float32 as ONNX
+    Runtime does (each operation rounded once), so the value is the one the
+    graph would compute.
+    """
+    value = g.const(name)
+    if value is not None or depth == 0:
+        return value
+    node = g.producer.get(name)
+    if node is None:
+        return None
+    op = node.op_type
+    if op == "Shape":
+        dims = g.shapes.get(node.input[0], (None,))[0]
+        if dims is None:
+            return None
+        start, end = attribute(node, "start", 0), attribute(node, "end", None)
+        return np.array([d if isinstance(d, int) else None for d in dims[start:end]], object)
+    if op not in _MOVES and op not in _FLOAT_MATH:
+        return None
+    inputs = [static_value(g, i, depth - 1) if i else None for i in node.input]
+    x = inputs[0]
+    if x is None:
+        return None
+    if x.dtype == object and None not in x.reshape(-1).tolist():
+        x = x.astype(np.int64)  # every dim read is static
+    if op in _FLOAT_MATH:
+        if any(v is None or v.dtype.kind != "f" or v.dtype != x.dtype for v in inputs):
+            return None
+        return np.asarray(_FLOAT_MATH[op](*inputs)).astype(x.dtype)
+    if op == "Identity":
+        return x
+    if op == "Cast":
+        if x.dtype == object:
+            return x  # values unknown somewhere: cast on read
+        return x.astype(helper.tensor_dtype_to_np_dtype(attribute(node, "to", 1)))
+    if op in ("Squeeze", "Unsqueeze"):
+        axes = inputs[1] if len(inputs) > 1 else None
+        axes = attribute(node, "axes", None) if axes is None else axes.reshape(-1).tolist()
+        if axes is None:
+            return None if op == "Unsqueeze" else np.squeeze(x)
+        axes = tuple(int(a) for a in axes)
+        return np.squeeze(x, axes) if op == "Squeeze" else np.expand_dims(x, axes)
+    if x.ndim != 1:
+        return None
+    if op == "Gather":
+        indices = inputs[1]
+        if indices is None or attribute(node, "axis", 0) != 0:
+            return None
+        return x[indices.astype(np.int64)]
+    # Slice of a vector: starts, ends [, axes [0] [, steps [1]]]
+    starts, ends, *rest = (inputs[1:] + [None, None])[:4]
+    if starts is None or ends is None:
+        return None
+    if any(
+        given is not None and given.reshape(-1).tolist() != [want]
+        for given, want in zip(rest, (0, 1), strict=True)
+    ):
+        return None
+    return x[int(starts.reshape(-1)[0]) : int(ends.reshape(-1)[0])]
+
+
 class Edit:
     """The changes a rule's rewrites make, made at once by `commit`.
 
