@@ -440,7 +440,68 @@ CLAIM_CASES = {
         [_int("minus_one", [-1])],
         {"x": _zeros(3, 4), "w": _zeros(0)},
     ),
+    "max of a size and a positive bound": _claim_case(
+        [
+            helper.make_node("Shape", ["x"], ["sx"]),
+            helper.make_node("Max", ["sx", "two"], ["end"]),
+            helper.make_node("Slice", ["w", "zero", "end"], ["y"]),
+        ],
+        [_float_in("x", ["n"]), _float_in("w", [5])],
+        [_int("two", [2]), _int("zero", [0])],
+        {"x": _zeros(0), "w": _zeros(5)},
+    ),
+    "select whose condition is known at run time only": _claim_case(
+        [
+            helper.make_node("Shape", ["x"], ["sx"]),
+            helper.make_node("And", ["yes", "pick"], ["both"]),
+            helper.make_node("Where", ["both", "sx", "two"], ["end"]),
+            helper.make_node("Slice", ["w", "zero", "end"], ["y"]),
+        ],
+        [
+            _float_in("x", ["n"]),
+            _float_in("w", [5]),
+            helper.make_tensor_value_info("pick", TensorProto.BOOL, [1]),
+        ],
+        [_int("two", [2]), _int("zero", [0]), const("yes", [True], np.bool_)],
+        {"x": _zeros(0), "w": _zeros(5), "pick": np.array([False])},
+    ),
 }
+
+
+def test_tensorflows_clamped_slice_end_is_proven_to_take_the_whole_axis():
+    """tf2onnx writes `x[:, :shape(x)[1]]` (ESM's rotary tables) with the end
+    clamped, `Max(float(ends), [1e9, -1e9, ...])`, and masked by a select
+    whose condition ANDs a constant false: the end is the axis's own dim, so
+    the slice is all of x, as the run shows."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sx"]),
+        helper.make_node("Gather", ["sx", "one_scalar"], ["length"]),
+        helper.make_node("Unsqueeze", ["length", "zero"], ["length_1d"]),
+        helper.make_node("Concat", ["zero", "length_1d", "zero", "zero"], ["ends"], axis=0),
+        helper.make_node("Cast", ["ends"], ["ends_f"], to=TensorProto.FLOAT),
+        helper.make_node("Max", ["ends_f", "clamp"], ["clamped_f"]),
+        helper.make_node("Cast", ["clamped_f"], ["clamped"], to=TensorProto.INT64),
+        helper.make_node("Equal", ["clamped", "big"], ["is_big"]),
+        helper.make_node("And", ["is_big", "never"], ["masked"]),
+        helper.make_node("Where", ["masked", "small", "clamped"], ["end"]),
+        helper.make_node("Slice", ["x", "starts", "end", "axes"], ["y"]),
+    ]
+    initializers = [
+        const("one_scalar", 1),
+        const("zero", [0]),
+        const("clamp", [1e9, -1e9, 1e9, 1e9], np.float32),
+        const("big", [10**9]),
+        const("never", [False] * 4, np.bool_),
+        const("small", [-(10**9)]),
+        const("starts", [0, 0, 0, 0]),
+        const("axes", [0, 1, 2, 3]),
+    ]
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    proto = model(nodes, initializers, [hidden("x", (1, "sequence", 1, WIDTH))], [output])
+    dims = symbolic_dims(proto.graph, POSITIVE)
+    assert dims["y"] == dims["x"] == (Dim.of(1), Dim.symbol("sequence"), Dim.of(1), Dim.of(WIDTH))
+    x = np.random.default_rng(2).standard_normal((1, 7, 1, WIDTH)).astype("float32")
+    np.testing.assert_array_equal(run(proto, {"x": x})[0], x)
 
 
 @pytest.mark.parametrize("case", list(CLAIM_CASES))

@@ -158,3 +158,32 @@ def test_per_row_positions_are_left_alone_and_say_why(tmp_path):
     expected = rotate(embedded(model, ids), positions)
     got = run(path, {"token_ids": ids, "position_ids": positions}).reshape(expected.shape)
     np.testing.assert_allclose(got, expected, rtol=0, atol=2e-5)
+
+
+class EsmRotation(keras.layers.Layer):
+    """keras-hub's ESM rotary embedding of x as query and 2x as key, summed: its
+    factors are views of the cosine and sine, `cos(e)[None, :, None, :]`
+    sliced to the sequence as `x[:, :shape(x)[1]]` (a clamped end in ONNX)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        from keras_hub.src.models.esm.esm_attention import ESMRotaryEmbedding
+
+        self.rotary = ESMRotaryEmbedding()
+
+    def call(self, x):
+        query, key = self.rotary(x, 2.0 * x)
+        return query + key
+
+
+def test_esms_rotation_of_sliced_views_is_fused_and_matches_roformer(tmp_path):
+    model = model_around(EsmRotation())
+    path = tmp_path / "esm.onnx"
+    report = export_model(model, path, shapes=SHAPES)
+    assert report["passed"] and report["graph"]["fused"]["RotaryEmbedding"] == 2, report["graph"]
+    assert "Neg" not in ops_of(path)
+    for batch, length in [(1, 1), (2, 7)]:
+        ids = np.random.default_rng(length).integers(0, VOCAB, (batch, length)).astype(np.int32)
+        expected = 3 * rotate(embedded(model, ids), np.arange(length)[None])
+        got = run(path, {"token_ids": ids}).reshape(expected.shape)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=4e-5)

@@ -169,14 +169,15 @@ class _Evaluation:
         return set(dim[1]) <= self.positive
 
     def _hold(self, name, array):
-        """Track a small constant's values: integers, or floats holding whole
-        numbers (TensorFlow computes some positions in float, e.g. a float Range)."""
-        if array.dtype.kind in "iu" or (
+        """Track a small constant's values: integers, booleans (as 0 and 1: a
+        select's constant condition), or floats holding whole numbers
+        (TensorFlow computes some positions in float, e.g. a float Range)."""
+        if array.dtype.kind in "iub" or (
             array.dtype.kind == "f"
             and np.isfinite(array).all()
             and (array == np.round(array)).all()
         ):
-            self.value[name] = [Dim.of(v) for v in array.ravel()]
+            self.value[name] = [Dim.of(int(v)) for v in array.ravel()]
 
     def vector(self, name):
         """The dims a scalar or 1-D tensor holds, or None (values of higher
@@ -325,16 +326,32 @@ class _Evaluation:
 
     def _elementwise_value(self, node):
         values = [self.vector(name) for name in node.input]
-        if node.op_type not in ("Mul", "Add", "Sub", "Div") or any(v is None for v in values):
+        ops = ("Mul", "Add", "Sub", "Div", "Max", "Min", "Where", "And", "Or", "Equal")
+        if node.op_type not in ops or any(v is None for v in values):
+            return
+        length = max(len(v) for v in values)
+        if any(len(v) not in (1, length) for v in values):
+            return
+        values = [v * length if len(v) == 1 else v for v in values]
+        if node.op_type == "Where":  # a constant condition picks, value by value
+            self.value[node.output[0]] = [
+                None if pick is None or pick.static is None else (x if pick.static else y)
+                for pick, x, y in zip(*values, strict=True)
+            ]
+            return
+        if len(values) != 2:
+            return
+        if node.op_type in ("Max", "Min"):
+            self.value[node.output[0]] = [
+                self._extreme(node.op_type, x, y) for x, y in zip(*values, strict=True)
+            ]
+            return
+        if node.op_type in ("And", "Or", "Equal"):
+            self.value[node.output[0]] = [
+                self._logical(node.op_type, x, y) for x, y in zip(*values, strict=True)
+            ]
             return
         a, b = values
-        if len(a) != len(b):
-            if len(a) == 1:
-                a = a * len(b)
-            elif len(b) == 1:
-                b = b * len(a)
-            else:
-                return
         result = []
         for x, y in zip(a, b, strict=True):
             if x is None or y is None:
@@ -350,6 +367,40 @@ class _Evaluation:
             else:
                 result.append(None)
         self.value[node.output[0]] = result
+
+    @staticmethod
+    def _extreme(op, x, y):
+        """max(x, y) or min(x, y) where it is provable: both static; or a size
+        (a positive multiple of symbols, never negative) against a bound at
+        most 0 for Max, or from `_TO_THE_END` for Min, as TensorFlow's
+        strided slices clamp their ends."""
+        if x is None or y is None:
+            return None
+        if x.static is not None and y.static is not None:
+            return Dim.of(max(x.static, y.static) if op == "Max" else min(x.static, y.static))
+        size, bound = (x, y) if y.static is not None else (y, x)
+        if bound.static is None or size[0] <= 0:
+            return None
+        if (op == "Max" and bound.static <= 0) or (op == "Min" and bound.static >= _TO_THE_END):
+            return size
+        return None
+
+    @staticmethod
+    def _logical(op, x, y):
+        """And, Or or Equal of two values as 0 or 1 where it is provable: both
+        static, or (And, Or) one of them a constant that decides alone
+        (TensorFlow's strided slices AND their end masks with constants)."""
+        statics = [d.static for d in (x, y) if d is not None and d.static is not None]
+        if op == "And" and any(v == 0 for v in statics):
+            return Dim.of(0)
+        if op == "Or" and any(v != 0 for v in statics):
+            return ONE
+        if len(statics) != 2:
+            return None
+        a, b = statics
+        if op == "Equal":
+            return Dim.of(int(a == b))
+        return Dim.of(int(bool(a) and bool(b)) if op == "And" else int(bool(a) or bool(b)))
 
     def _gather(self, node, data):
         indices = self.shape.get(node.input[1])
@@ -416,7 +467,7 @@ class _Evaluation:
         )
 
     def _slice(self, node, first):
-        starts, ends = self.ints(node.input[1]), self.ints(node.input[2])
+        starts, ends = self.ints(node.input[1]), self._slice_ends(node, first)
         has_axes, axes = self._optional(node, 3)
         has_steps, steps = self._optional(node, 4)
         if first is None or starts is None or ends is None:
@@ -442,6 +493,28 @@ class _Evaluation:
             else:
                 out[axis] = None
         return tuple(out)
+
+    def _slice_ends(self, node, first):
+        """The Slice's ends as ints, an end that is its axis's own symbolic
+        dim (keras' `x[:, :shape(x)[1]]`) read as "to the end"; or None."""
+        ends = self.vector(node.input[2])
+        if ends is None or first is None:
+            return None
+        has_axes, axes = self._optional(node, 3)
+        if has_axes and axes is None:
+            return None
+        axes = axes if axes is not None else list(range(len(ends)))
+        if len(axes) != len(ends):
+            return None
+        found = []
+        for axis, end in zip(axes, ends, strict=True):
+            if end is not None and end.static is not None:
+                found.append(end.static)
+            elif end is not None and -len(first) <= axis < len(first) and end == first[axis]:
+                found.append(_TO_THE_END)
+            else:
+                return None
+        return found
 
     def _reshape(self, node, first, target):
         if target is None:

@@ -160,11 +160,16 @@ def _match_rotary(g, add):
         return "x is not (batch, sequence, heads, head size) with constant heads and size"
     if shapes.get(x, (None, None))[1] != TensorProto.FLOAT:
         return "x is not float32"
-    cosine, sine = g.node(cosine_side, "Cos"), g.node(sine_side, "Sin")
+    # ESM takes cos(e)[None, :, None, :][:, :sequence]: the cosine of a view
+    # of the angles is that view of their cosine.
+    cosine = g.node(_through_views(g, dims, cosine_side), "Cos")
+    sine = g.node(_through_views(g, dims, sine_side), "Sin")
     if cosine is None or sine is None or cosine.input[0] != sine.input[0]:
         return "the factors are not the cosine and sine of one tensor of angles"
-    angles = cosine.input[0]
-    if dims.get(angles) != (ONE, shape[1], ONE, shape[3]):
+    angles, wanted = cosine.input[0], (ONE, shape[1], ONE, shape[3])
+    if dims.get(cosine_side) != wanted or dims.get(sine_side) != wanted:
+        return "the angles are not (1, sequence, 1, head size) for x's sequence"
+    if _without_ones(dims.get(angles)) != _without_ones(wanted):
         return "the angles are not (1, sequence, 1, head size) for x's sequence"
     if any(dims.get(out) != shape for out in (add.output[0], *plain.output, *rotated.output)):
         return "a product broadcasts past x's shape"
