@@ -510,36 +510,43 @@ def test_a_bias_the_fused_op_cannot_take_is_left_alone(bias_shape, reason):
 
 @pytest.mark.zoo  # minutes in all: with the zoo tier (the default suite has the graphs above)
 @pytest.mark.parametrize(
-    ("name", "attentions"),
+    ("name", "attentions", "routers"),
     [
-        ("T5Backbone", 6),
-        ("FalconBackbone", 2),
-        ("CLIPTextEncoder", 2),
-        ("DebertaV3Backbone", 2),
-        ("GemmaBackbone", 2),
-        ("XLNetBackbone", 2),
-        ("Gemma3nBackbone", 2),
-        ("ESMBackbone", 2),
+        ("T5Backbone", 6, 0),
+        ("FalconBackbone", 2, 0),
+        ("CLIPTextEncoder", 2, 0),
+        ("DebertaV3Backbone", 2, 0),
+        ("GemmaBackbone", 2, 0),
+        ("XLNetBackbone", 2, 0),
+        ("Gemma3nBackbone", 2, 0),
+        ("ESMBackbone", 2, 0),
+        ("GptOssBackbone", 2, 2),
     ],
 )
-def test_keras_hub_attention_with_a_bias_is_fused_in_every_layer(name, attentions, tmp_path):
+def test_keras_hub_attention_with_a_bias_is_fused_in_every_layer(
+    name, attentions, routers, tmp_path
+):
     """T5 (relative bias, unscaled; 2 encoder, 2 decoder and 2 cross
     attentions), Falcon (ALiBi), CLIP (the mask built from the logits' shape),
     DeBERTa (disentangled terms, the key's transpose read twice), Gemma
     (grouped-query attention, one key/value head), XLNet (position and
     segment terms summed in a tree of Adds), Gemma 3n (heads repeated as
-    `repeat_kv` does) and ESM (the scale computed from the head size), each
-    built tiny by
-    zoo_models: one fused op per attention, no softmax left, and the file
-    agrees with Keras on zoo_models' right-padded feed."""
+    `repeat_kv` does), ESM (the scale computed from the head size) and
+    GPT-OSS (attention sinks), each built tiny by zoo_models: one fused op
+    per attention, no softmax left but a mixture-of-experts router's (which
+    weighs no values), and the file agrees with Keras on zoo_models'
+    right-padded feed."""
     import zoo_models
 
     model = zoo_models.build(name)
     path = tmp_path / f"{name}.onnx"
     report = export_model(model, path)
     assert report["graph"]["fused"]["MultiHeadAttention"] == attentions, report["graph"]
-    assert "MultiHeadAttention" not in report["graph"]["declined"]
-    assert "Softmax" not in op_types(path)
+    declined = report["graph"]["declined"].get("MultiHeadAttention", {})
+    assert declined == (
+        {"the probabilities do not weigh the values in a MatMul": routers} if routers else {}
+    )
+    assert op_types(path).count("Softmax") == routers
     differences = zoo_models.parity(model, path, zoo_models.padded_feed(model))
     assert max(differences.values()) <= zoo_models.FEED_ATOL, differences
 
@@ -820,3 +827,98 @@ def test_a_scale_computed_from_the_head_size_is_fused_exactly():
     (got,) = fused.run(None, feeds)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got, unfused.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def _sink_attention(heads, size, sliding=False, column_width=1):
+    """GPT-OSS's attention with sinks: the masked, scaled logits beside a
+    learned logit per head, `softmax(concat(l, s) - max)[..., :-1] @ v`; with
+    `sliding`, masked twice (padding and causal, then a window).
+    `column_width` 2 broadcasts the sinks to two columns: not one sink."""
+    nodes = [
+        helper.make_node("Transpose", ["q"], ["qt"], perm=[0, 2, 1, 3]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 3, 1]),
+        helper.make_node("MatMul", ["qt", "kt"], ["qk"]),
+        helper.make_node("Mul", ["qk", "scale"], ["logits"]),
+    ]
+    if sliding:
+        nodes.append(helper.make_node("Where", ["window", "logits", "big"], ["windowed"]))
+    source = "windowed" if sliding else "logits"
+    nodes += [
+        helper.make_node("Where", ["mask", source, "big"], ["masked"]),
+        helper.make_node("Shape", ["masked"], ["masked_shape"]),  # GPT-OSS's sink shape
+        helper.make_node("Slice", ["masked_shape", "zero_i", "three_i"], ["lead"]),
+        helper.make_node("Concat", ["lead", "width_i"], ["column_shape"], axis=0),
+        helper.make_node("Expand", ["sinks", "column_shape"], ["column"]),
+        helper.make_node("Concat", ["masked", "column"], ["joined"], axis=3),
+        helper.make_node("ReduceMax", ["joined", "last_i"], ["top"], keepdims=1),
+        helper.make_node("Sub", ["joined", "top"], ["shifted"]),
+        helper.make_node("Softmax", ["shifted"], ["probs"], axis=-1),
+        helper.make_node("Slice", ["probs", "zero_i", "minus_one_i", "last_i"], ["kept"]),
+        helper.make_node("Transpose", ["v"], ["vt"], perm=[0, 2, 1, 3]),
+        helper.make_node("MatMul", ["kept", "vt"], ["heads_out"]),
+        helper.make_node("Transpose", ["heads_out"], ["y"], perm=[0, 2, 1, 3]),
+    ]
+    inputs = [_tensor(n, ["b", f"{n}_len", heads, size]) for n in "qkv"]
+    inputs.append(_tensor("mask", ["b", 1, "q_len", "k_len"], TensorProto.BOOL))
+    if sliding:
+        inputs.append(_tensor("window", [1, 1, "q_len", "k_len"], TensorProto.BOOL))
+    constants = [("scale", size**-0.5), ("big", -1e9)]
+    model = _model(nodes, inputs, [_tensor("y", ["b", "q_len", heads, size])], constants)
+    sinks = np.linspace(-1.0, 2.0, heads, dtype=np.float32).reshape(1, heads, 1, 1)
+    model.graph.initializer.append(numpy_helper.from_array(sinks, "sinks"))
+    integers = {
+        "zero_i": [0],
+        "three_i": [3],
+        "width_i": [column_width],
+        "last_i": [3],
+        "minus_one_i": [-1],
+    }
+    model.graph.initializer.extend(
+        numpy_helper.from_array(np.array(value, np.int64), name) for name, value in integers.items()
+    )
+    return model, sinks.reshape(heads)
+
+
+@pytest.mark.parametrize("sliding", [False, True], ids=["full", "sliding window"])
+def test_attention_with_sinks_is_fused_exactly(sliding):
+    """The sink takes probability but weighs no value: a query that sees no
+    key gives 0, and the rest are scaled down, as the formula gives."""
+    heads, size, batch, length = 2, 4, 3, 6
+    proto, sinks = _sink_attention(heads, size, sliding)
+    unfused = ort.InferenceSession(proto.SerializeToString())
+    declined = []
+    assert fusions.fuse_attention(proto, fusions.tensor_shapes(proto), declined) == 1, declined
+    remove_dead_nodes(proto)
+    ops = [node.op_type for node in proto.graph.node]
+    assert "Softmax" not in ops and "MatMul" not in ops and "MultiHeadAttention" in ops
+    fused = ort.InferenceSession(proto.SerializeToString())
+
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.normal(0, 6, (batch, length, heads, size)).astype("float32") for _ in "qkv")
+    valid = np.arange(length)[None] < np.array([[length], [4], [0]])  # row 2: all padding
+    causal = np.tril(np.ones((length, length), bool))
+    mask = (causal[None] & valid[:, None, :])[:, None]
+    window = np.triu(np.ones((length, length), bool), -2)[None, None]  # the last 3 keys
+    feeds = {"q": q, "k": k, "v": v, "mask": mask}
+    kept = mask & window if sliding else mask
+    if sliding:
+        feeds["window"] = window
+    logits = np.einsum("btnh,bsnh->bnts", q, k) * np.float32(size**-0.5)
+    assert np.abs(logits).max() > 20
+    logits = np.where(kept, logits, np.float32(-1e9))
+    column = np.broadcast_to(sinks.reshape(1, heads, 1, 1), (batch, heads, length, 1))
+    joined = np.concatenate([logits, column], axis=-1)
+    probs = np.exp(joined - joined.max(-1, keepdims=True))
+    probs = (probs / probs.sum(-1, keepdims=True))[..., :-1]
+    expected = np.einsum("bnts,bsnh->btnh", probs, v)
+    (got,) = fused.run(None, feeds)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, unfused.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+    assert not got[2].any()  # the all-padding row: all weight on the sink
+
+
+def test_sinks_broadcast_to_two_columns_are_left_alone():
+    proto, _ = _sink_attention(2, 4, column_width=2)
+    declined = []
+    assert fusions.fuse_attention(proto, fusions.tensor_shapes(proto), declined) == 0
+    assert [why for _, why in declined] == ["the sink column is not one float32 column"]

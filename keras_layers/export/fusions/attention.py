@@ -187,6 +187,7 @@ class Attention:
     shape_readers: tuple = ()  # `Shape` nodes of the (B, N, T, S) logits
     groups: int = 1  # query heads per key/value head, see `heads_first`, `grouped_attention`
     five_d: bool = False  # q and the output (B, T, K, G, H), see `grouped_attention`
+    sinks: np.ndarray | None = None  # (N,) logits whose probability weighs no value
     mask_rank: int = 0  # the mask's rank where shape inference tells it
 
 
@@ -199,8 +200,11 @@ def probabilities_reader(g, softmax):
     with the mask, which selects -1e9 at masked logits and then selects 0 at
     masked probabilities: `Where(mask, Softmax(...), 0)`. That second select
     only changes rows whose every key is masked (uniform -> 0), so the fused
-    op gets the same and those rows are zeroed after it (`multi_head_attention._visible_rows`).
-    Returns (matmul, zeroing Where or None) or a reason.
+    op gets the same and those rows are zeroed after it
+    (`multi_head_attention._visible_rows`). GPT-OSS drops a sink's column
+    from the probabilities first (`Slice(p, 0, -1)` on the last axis, see
+    `_sink_column`). Returns (matmul, zeroing Where or None, whether a last
+    column was dropped) or a reason.
     """
     axis = next((a.i for a in softmax.attribute if a.name == "axis"), -1)
     if axis not in (-1, 3):
@@ -216,32 +220,106 @@ def probabilities_reader(g, softmax):
         if not g.only_used_by(reader.output[0]):
             return "the selected probabilities are read by more than one node"
         zeroing, (reader,) = reader, g.consumers[reader.output[0]]
-    if reader.op_type != "MatMul" or reader.input[0] != (zeroing or softmax).output[0]:
+    source = (zeroing or softmax).output[0]
+    sliced = reader.op_type == "Slice" and zeroing is None and _drops_last_column(g, reader)
+    if sliced:
+        if not g.only_used_by(reader.output[0]):
+            return "the probabilities without the sink are read by more than one node"
+        source, (reader,) = reader.output[0], g.consumers[reader.output[0]]
+    if reader.op_type != "MatMul" or reader.input[0] != source:
         return "the probabilities do not weigh the values in a MatMul"
-    return reader, zeroing
+    return reader, zeroing, sliced
 
 
-def attention_mask(g, softmax, zeroing):
-    """The boolean mask selected into the logits, and the logits before it.
+def _drops_last_column(g, node) -> bool:
+    """Whether the Slice `node` is x[..., 0:-1] on the last axis (of 4)."""
+    if len(node.input) < 4 or not node.input[3]:
+        return False  # no axes: a slice of the first axis
+    starts, ends, axes = (g.const(name) for name in node.input[1:4])
+    steps = g.const(node.input[4]) if len(node.input) > 4 and node.input[4] else np.ones(1)
+    if any(value is None for value in (starts, ends, axes, steps)):
+        return False
+    return (
+        starts.reshape(-1).tolist() == [0]
+        and ends.reshape(-1).tolist() == [-1]
+        and axes.reshape(-1).tolist() in ([3], [-1])
+        and steps.reshape(-1).tolist() == [1]
+    )
+
+
+def _sink_column(g, softmax, shape_readers: list):
+    """(logits, sinks) when the softmax reads `Concat([logits, column], -1)`,
+    less its row maximum or not (which changes no softmax), with the column
+    one wide and a constant (1, N, 1, 1) broadcast: GPT-OSS's attention
+    sinks, a learned logit per head whose probability weighs no value. The
+    sinks are (N,) float32; `Shape` readers of the logits join
+    `shape_readers`. Else a reason."""
+    name = softmax.input[0]
+    sub = g.node(name, "Sub")
+    if sub is not None:
+        top = g.node(sub.input[1], "ReduceMax")
+        if top is None or top.input[0] != sub.input[0] or not g.only_used_by(name):
+            return "the softmax reads a difference that is not its input less its maximum"
+        if not g.only_used_by(sub.input[0], 2) or pattern.attribute(top, "keepdims", 1) != 1:
+            return "the softmax reads a difference that is not its input less its maximum"
+        axes = g.const(top.input[1]) if len(top.input) > 1 else None
+        if axes is None or axes.reshape(-1).tolist() not in ([3], [-1]):
+            return "the maximum subtracted is not over the last axis"
+        name = sub.input[0]
+    elif not g.only_used_by(name):
+        return "the softmax's input is read by more than one node"
+    concat = g.node(name, "Concat")
+    if concat is None or pattern.attribute(concat, "axis", 0) not in (3, -1):
+        return "a column is dropped from probabilities not computed with a sink"
+    if len(concat.input) != 2:
+        return "a column is dropped from probabilities not computed with a sink"
+    logits, column = concat.input
+    expand = g.node(column, "Expand")
+    sinks = g.const(expand.input[0] if expand is not None else column)
+    width = g.shapes.get(column, (None,))[0]
+    if sinks is None or sinks.ndim != 4 or sinks.shape[0] != 1 or sinks.shape[2:] != (1, 1):
+        return "the sink column is not a constant (1, heads, 1, 1)"
+    if width is None or len(width) != 4 or width[-1] != 1 or sinks.dtype != np.float32:
+        return "the sink column is not one float32 column"
+    found = []
+    if not _sole_reader(g, logits, found):
+        return "the logits beside the sinks are read by more than one node"
+    shape_readers += found
+    return logits, sinks.reshape(-1)
+
+
+def attention_mask(g, masked, zeroing, shape_readers=None):
+    """The boolean mask selected into the logits `masked`, and the logits before it.
 
     A select value from -1e9 down masks completely: Keras selects -1e9
     (`keras.layers.Softmax`) or -2.4e38 (`ops.dot_product_attention`), and
-    exp(-1e9 - max) is 0 for any logit above -9e8. Returns (mask or None,
-    logits) or a reason.
+    exp(-1e9 - max) is 0 for any logit above -9e8. GPT-OSS's sliding-window
+    layers select twice, `Where(m1, Where(m2, x, -big), -big)`: masked where
+    either is; the mask is then the tuple of both (not with a zeroing select).
+    `Shape` readers of the masked logits join `shape_readers` when it is a
+    list (see `_sole_reader`). Returns (the mask, a tuple of masks or None;
+    the logits) or a reason.
     """
-    where = g.node(softmax.input[0], "Where")
+    where = g.node(masked, "Where")
     if where is None:
         if zeroing is not None:
             return "the probabilities are zeroed where no mask selected the logits"
-        return None, softmax.input[0]
-    big = g.const(where.input[2])
-    if not g.only_used_by(where.output[0]) or big is None or big.size != 1:
-        return "the masked logits are read elsewhere or the select value is not a constant"
-    if not np.isfinite(big).all() or big.max() > -1e9:
-        return f"the select value {big.max()} does not mask completely"
-    if zeroing is not None and zeroing.input[0] != where.input[0]:
+        return None, masked
+    masks = []
+    while where is not None:
+        big = g.const(where.input[2])
+        if not _sole_reader(g, where.output[0], shape_readers if not masks else None):
+            return "the masked logits are read elsewhere or the select value is not a constant"
+        if big is None or big.size != 1:
+            return "the masked logits are read elsewhere or the select value is not a constant"
+        if not np.isfinite(big).all() or big.max() > -1e9:
+            return f"the select value {big.max()} does not mask completely"
+        masks.append(where.input[0])
+        logits = where.input[1]
+        where = g.node(logits, "Where") if zeroing is None else None
+    if zeroing is not None and zeroing.input[0] != masks[0]:
         return "the selects before and after the softmax read different masks"
-    return where.input[0], where.input[1]
+    return (masks[0] if len(masks) == 1 else tuple(masks)), logits
 
 
 def _sole_reader(g, name, shape_readers=None) -> bool:
@@ -415,14 +493,15 @@ def _attention_heads(shapes, q, k, v, out, groups=1):
     return heads, size
 
 
-def match_plain(g, softmax, pv, zeroing, out):
+def match_plain(g, softmax, pv, zeroing, out, sliced=False):
     """Match the (B, T, N, H) form around `softmax`, whose probabilities `pv`
-    weighs (after `zeroing`, see `probabilities_reader`) and `out`
-    transposes: an `Attention`, or why not.
+    weighs (after `zeroing`, or with a sink's column dropped when `sliced`,
+    see `probabilities_reader`) and `out` transposes: an `Attention`, or why not.
 
     `Transpose(MatMul([Where(mask, ] Softmax([Where(mask,] logits [, -big)])
     [, 0)], v^T))` with the logits of `_attention_logits` and q, k, v of shape
-    (B, T, N, H) in float32.
+    (B, T, N, H) in float32; GPT-OSS's softmax reads its masked logits
+    beside a column of sinks (`_sink_column`).
     """
     shapes = g.shapes
     if out.op_type != "Transpose" or pattern.perm(out) != HEADS_FIRST:
@@ -431,14 +510,23 @@ def match_plain(g, softmax, pv, zeroing, out):
     if found is None:
         return "the values do not reach the product through a heads-first transpose"
     v, value_groups = found
-    found = attention_mask(g, softmax, zeroing)
+    masked, sinks, sink_readers = softmax.input[0], None, []
+    if sliced:
+        found = _sink_column(g, softmax, sink_readers)
+        if isinstance(found, str):
+            return found
+        masked, sinks = found
+    found = attention_mask(g, masked, zeroing, sink_readers if sliced else None)
     if isinstance(found, str):
         return found
     mask, logits = found
+    if isinstance(mask, tuple) and zeroing is not None:
+        return "several masks and a select after the softmax"
     found = _attention_logits(g, logits, shapes)
     if isinstance(found, str):
         return found
     q, k, scale, bias, bias_scale, shape_readers, groups = found
+    shape_readers += sink_readers
     if groups != value_groups:
         return "the key's and the value's heads are repeated differently"
     found = _attention_heads(shapes, q, k, v, out.output[0], groups)
@@ -447,8 +535,23 @@ def match_plain(g, softmax, pv, zeroing, out):
     heads, size = found
     if zeroing is not None and not 1 <= len(shapes.get(mask, ((),))[0]) <= 4:
         return "the mask's rank is unknown or above 4"
+    if sinks is not None and sinks.size != heads:
+        return "the sinks are not one per head"
     zeroes = zeroing is not None
     readers = tuple(shape_readers)
     return Attention(
-        q, k, v, mask, scale, heads, size, out, zeroes, bias, bias_scale, readers, groups
+        q,
+        k,
+        v,
+        mask,
+        scale,
+        heads,
+        size,
+        out,
+        zeroes,
+        bias,
+        bias_scale,
+        readers,
+        groups,
+        sinks=sinks,
     )

@@ -49,10 +49,12 @@ def match_grouped(g, softmax, pv, zeroing, out):
     v = _grouped_side(g, pv.input[1], GROUPED_V)
     if v is None:
         return "the grouped values do not reach the product through a transpose and an Unsqueeze"
-    found = attention_mask(g, softmax, zeroing)
+    found = attention_mask(g, softmax.input[0], zeroing)
     if isinstance(found, str):
         return found
     mask, logits = found
+    if isinstance(mask, tuple):
+        return "the grouped logits are selected by several masks"
     name, outer = scaled(g, logits)
     product = g.node(name, "MatMul")
     if product is None or not g.only_used_by(name):

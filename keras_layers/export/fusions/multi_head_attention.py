@@ -26,19 +26,19 @@ def _match(g, softmax):
     found = probabilities_reader(g, softmax)
     if isinstance(found, str):
         return found
-    pv, zeroing = found
+    pv, zeroing, sliced = found
     if not g.only_used_by(pv.output[0]):
         return "the attention output is read by more than one node"
     (out,) = g.consumers[pv.output[0]]
-    if out.op_type == "Transpose" and pattern.perm(out) == GROUPED_BACK:
+    if out.op_type == "Transpose" and pattern.perm(out) == GROUPED_BACK and not sliced:
         found = match_grouped(g, softmax, pv, zeroing, out)
     else:
-        found = match_plain(g, softmax, pv, zeroing, out)
+        found = match_plain(g, softmax, pv, zeroing, out, sliced)
     if isinstance(found, str):
         return found
     if not g.grouped and found.groups > 1:
         return "grouped-query attention in a decoder with a cache (see fuse_attention)"
-    if found.mask is not None:
+    if isinstance(found.mask, str):
         found.mask_rank = len(g.shapes.get(found.mask, ((),))[0])
     return found
 
@@ -98,6 +98,45 @@ def _logits_shape(edit, q, k, heads, reader) -> None:
     edit.replace(reader, nodes)
 
 
+def _with_sinks(edit, match: Attention, name: dict, nodes: list, bias) -> list:
+    """The fused op's inputs for attention with sinks (see `attention._sink_column`).
+
+    One more key and value position, both 0: its logit is `scale * q.0`
+    plus its bias, which is the head's sink, and its value adds nothing.
+    So the fused op's softmax runs over the logits and the sink, as
+    GPT-OSS's does, and weighs the values alone. The bias is the mask's (or
+    0), expanded to (B, N, T, S), with the sinks as one more column.
+    """
+    heads, size = match.heads, match.size
+    one = edit.constant("mha_one", np.array([1], np.int64))
+    count = edit.constant(f"mha_heads_{heads}", np.array([heads], np.int64))
+    width = edit.constant(f"mha_width_{heads * size}", np.array([heads * size], np.int64))
+    zero = edit.constant("mha_zero", np.float32(0))
+    sinks = edit.initializer(
+        f"{match.out.output[0]}_sinks", match.sinks.reshape(1, heads, 1, 1).astype(np.float32)
+    )
+    b, t, s = (edit.fresh(f"{name['out']}_{label}") for label in ("sink_b", "sink_t", "sink_s"))
+    made = {
+        label: edit.fresh(f"{name['out']}_{label}")
+        for label in ("zeros_shape", "zeros", "k", "v", "full", "column", "wide", "sinks", "bias")
+    }
+    nodes += [
+        helper.make_node("Shape", [match.q], [b], start=0, end=1),
+        helper.make_node("Shape", [match.q], [t], start=1, end=2),
+        helper.make_node("Shape", [match.k], [s], start=1, end=2),
+        helper.make_node("Concat", [b, one, width], [made["zeros_shape"]], axis=0),
+        helper.make_node("Expand", [zero, made["zeros_shape"]], [made["zeros"]]),
+        helper.make_node("Concat", [name["k"], made["zeros"]], [made["k"]], axis=1),
+        helper.make_node("Concat", [name["v"], made["zeros"]], [made["v"]], axis=1),
+        helper.make_node("Concat", [b, count, t, s], [made["full"]], axis=0),
+        helper.make_node("Concat", [b, count, t, one], [made["column"]], axis=0),
+        helper.make_node("Expand", [zero if bias is None else bias, made["full"]], [made["wide"]]),
+        helper.make_node("Expand", [sinks, made["column"]], [made["sinks"]]),
+        helper.make_node("Concat", [made["wide"], made["sinks"]], [made["bias"]], axis=3),
+    ]
+    return [name["q"], made["k"], made["v"], "", "", made["bias"]]
+
+
 def _rewrite(edit, match: Attention) -> None:
     """`match` as a `MultiHeadAttention` and the nodes around it (see `fuse_attention`)."""
     q, k, v, mask, out = match.q, match.k, match.v, match.mask, match.out
@@ -126,6 +165,24 @@ def _rewrite(edit, match: Attention) -> None:
     inputs = [name["q"], name["k"], name["v"]]
     anchor = mask  # the mask's own nodes go just after it, made once for every layer
 
+    def place(made: list) -> None:
+        """Nodes computed from the mask alone: after it, or here if it is new."""
+        if isinstance(anchor, str):
+            edit.after(anchor, made)
+        else:
+            nodes.extend(made)
+
+    if isinstance(mask, tuple):  # selected by each mask: kept where all keep it
+
+        def combined():
+            made = mask[0]
+            for other in mask[1:]:
+                nodes.append(helper.make_node("And", [made, other], [edit.fresh(f"{made}_and")]))
+                made = nodes[-1].output[0]
+            return made
+
+        mask = edit.once(("and", mask), combined)
+
     if mask is not None and match.five_d and match.mask_rank == 5:
 
         def squeezed():  # (B or 1, 1, 1, T, S) to (B or 1, 1, T, S)
@@ -139,7 +196,7 @@ def _rewrite(edit, match: Attention) -> None:
     def mask_bias():
         made = edit.fresh(f"{mask}_bias")
         zero, masked = edit.constant("mha_zero", np.float32(0)), edit.constant("mha_masked", MASKED)
-        edit.after(anchor, [helper.make_node("Where", [mask, zero, masked], [made])])
+        place([helper.make_node("Where", [mask, zero, masked], [made])])
         return made
 
     bias = None if mask is None else edit.once(("bias", mask), mask_bias)
@@ -167,7 +224,9 @@ def _rewrite(edit, match: Attention) -> None:
             return total
 
         bias = edit.once(("bias", mask, match.bias, match.bias_scale), total_bias)
-    if bias is not None:
+    if match.sinks is not None:
+        inputs = _with_sinks(edit, match, name, nodes, bias)
+    elif bias is not None:
         # The bias must be (B or 1, N or 1, T, S): expand what it lacks.
         # Expand broadcasts both ways, so a batch or head axis of the bias's
         # own stays as it is and a missing one becomes B or 1.
@@ -211,7 +270,7 @@ def _rewrite(edit, match: Attention) -> None:
         def rows():
             rank = 4 if mask != anchor else match.mask_rank
             computed, made = _visible_rows(edit, mask, rank)
-            edit.after(anchor, computed)
+            place(computed)
             return made
 
         visible = edit.once(("visible", mask), rows)
