@@ -465,7 +465,45 @@ CLAIM_CASES = {
         [_int("two", [2]), _int("zero", [0]), const("yes", [True], np.bool_)],
         {"x": _zeros(0), "w": _zeros(5), "pick": np.array([False])},
     ),
+    "a size compared with 0": _claim_case(
+        [
+            helper.make_node("Shape", ["x"], ["sx"]),
+            helper.make_node("Equal", ["sx", "zero"], ["empty"]),
+            helper.make_node("Cast", ["empty"], ["flag"], to=TensorProto.INT64),
+            helper.make_node("Mul", ["flag", "three"], ["more"]),
+            helper.make_node("Add", ["two", "more"], ["end"]),
+            helper.make_node("Slice", ["w", "zero", "end"], ["y"]),
+        ],
+        [_float_in("x", ["n"]), _float_in("w", [5])],
+        [_int("two", [2]), _int("three", [3]), _int("zero", [0])],
+        {"x": _zeros(0), "w": _zeros(5)},
+    ),
 }
+
+
+def test_tensorflows_slice_to_the_end_is_proven_to_take_the_whole_axis():
+    """`tf.slice(x, begin, size)` with size -1 ("to the end") reaches ONNX as
+    end = shape + (shape == -1) * INT_MAX: a size is never -1, so the end is
+    the axis's own dim (Qwen3's masks; later layers' rotations hang on them)."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sx"]),
+        helper.make_node("Equal", ["sx", "minus_one"], ["unbounded"]),
+        helper.make_node("Cast", ["unbounded"], ["flag"], to=TensorProto.INT64),
+        helper.make_node("Mul", ["flag", "int_max"], ["extra"]),
+        helper.make_node("Add", ["sx", "extra"], ["end"]),
+        helper.make_node("Slice", ["x", "starts", "end"], ["y"]),
+    ]
+    initializers = [
+        const("minus_one", [-1]),
+        const("int_max", [2**31 - 1]),
+        const("starts", [0, 0]),
+    ]
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    proto = model(nodes, initializers, [hidden("x", ("sequence", "sequence"))], [output])
+    dims = symbolic_dims(proto.graph, POSITIVE)
+    assert dims["y"] == dims["x"] == (Dim.symbol("sequence"), Dim.symbol("sequence"))
+    x = np.random.default_rng(3).standard_normal((5, 5)).astype("float32")
+    np.testing.assert_array_equal(run(proto, {"x": x})[0], x)
 
 
 def test_tensorflows_clamped_slice_end_is_proven_to_take_the_whole_axis():

@@ -364,6 +364,8 @@ class _Evaluation:
                 result.append(
                     Dim.of(x.static + y.static if node.op_type == "Add" else x.static - y.static)
                 )
+            elif y.static == 0 or (node.op_type == "Add" and x.static == 0):
+                result.append(x if y.static == 0 else y)  # adding or taking away 0
             else:
                 result.append(None)
         self.value[node.output[0]] = result
@@ -395,6 +397,9 @@ class _Evaluation:
             return Dim.of(0)
         if op == "Or" and any(v != 0 for v in statics):
             return ONE
+        sizes = [d for d in (x, y) if d is not None and d.static is None and d[0] > 0]
+        if op == "Equal" and len(sizes) == 1 and len(statics) == 1 and statics[0] < 0:
+            return Dim.of(0)  # a size is never negative (tf.slice's size -1: "to the end")
         if len(statics) != 2:
             return None
         a, b = statics
