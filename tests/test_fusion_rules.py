@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper
 
 from keras_layers.export import fusions
@@ -162,3 +163,31 @@ def test_a_scale_computed_from_a_static_dim_is_known_and_a_dynamic_one_is_not():
     assert value.dtype == np.float32 and value.tobytes() == computed.tobytes()
     assert pattern.static_value(g, "first_root") is None
     assert pattern.static_value(g, "first").tolist() == [None]
+
+
+@pytest.mark.parametrize(
+    ("equation", "shapes"),
+    [
+        ("...,d->...d", [(2, 3), (4,)]),  # RoFormerV2's rotary angles
+        ("...,d->...d", [(), (4,)]),
+        ("b...h,h->b...", [(2, 3, 5, 4), (4,)]),
+        ("ij,...j->...i", [(3, 4), (2, 5, 4)]),
+    ],
+)
+def test_an_ellipsis_written_out_computes_the_same(equation, shapes):
+    """`einsums.explicit_ellipsis` gives an equation NumPy computes the same with."""
+    from keras_layers.export.einsums import explicit_ellipsis
+
+    rng = np.random.default_rng(0)
+    operands = [rng.standard_normal(shape) for shape in shapes]
+    explicit = explicit_ellipsis(equation, [len(shape) for shape in shapes])
+    assert explicit is not None and "." not in explicit
+    np.testing.assert_array_equal(np.einsum(explicit, *operands), np.einsum(equation, *operands))
+
+
+def test_an_ellipsis_on_two_operands_is_kept():
+    """Between two operands an ellipsis broadcasts 1 against any size; one letter does not."""
+    from keras_layers.export.einsums import explicit_ellipsis
+
+    assert explicit_ellipsis("...ij,...jk->...ik", [3, 3]) is None
+    assert explicit_ellipsis("ij,jk->ik", [2, 2]) is None

@@ -178,11 +178,6 @@ _QWEN3_5 = _LOOP_ON_LENGTH.format(
     layer="Qwen3_5GatedDeltaNet", how="`if pad_size > 0` in its chunked delta rule"
 )
 _RWKV7 = _LOOP_ON_LENGTH.format(layer="RWKV7TimeMix", how="`for t in range(T)`")
-_EINSUM = (
-    "pipeline bug: ConversionError (exit 2): tf2onnx's einsum optimizer, which the convert "
-    "stage runs, rejects the ellipsis equation '...,d->...d' of RoFormerV2's rotary embedding "
-    "('must only contain lower or upper letters'), though ONNX's Einsum accepts ellipses"
-)
 UNSUPPORTED: dict[str, str] = {
     "FNetBackbone": _FFT,
     "FNetMaskedLM": _FFT,
@@ -193,9 +188,6 @@ UNSUPPORTED: dict[str, str] = {
     "Qwen3_5MoeCausalLM": _QWEN3_5,
     "RWKV7Backbone": _RWKV7,
     "RWKV7CausalLM": _RWKV7,
-    "RoformerV2Backbone": _EINSUM,
-    "RoformerV2MaskedLM": _EINSUM,
-    "RoformerV2TextClassifier": _EINSUM,
     "Gemma4AssistantCausalLM": (
         "UsageError (exit 2): a speculative-decoding drafter; Keras itself refuses to call it "
         "without its target model (NotImplementedError), so there is no standalone graph"

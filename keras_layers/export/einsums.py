@@ -1,10 +1,12 @@
-"""Two-operand einsums as one broadcasting `matmul`: the layout both sides share.
+"""Einsums as the trace writes them for ONNX: one broadcasting `matmul`, no ellipsis.
 
-The trace (`tracing._attention_einsums_as_matmuls`) writes grouped-query
+The trace (`tracing._einsums_for_onnx`) writes grouped-query
 attention's einsums as `einsum_layout` says, and the fusion that matches
 them (`fusions.grouped_attention`) reads its transposes from the same
 function applied to the same equations: one source, no constants copied.
 """
+
+import string
 
 # keras-hub's grouped-query attention (Gemma, Gemma 3/4, T5Gemma): the logits
 # from q (B, T, K, G, H) and k (B, S, K, H), the output from the
@@ -72,4 +74,35 @@ def einsum_layout(subscripts: str):
         [b.index(x) for x in layout_b],
         insert_b,
         None if after == sorted(after) else after,
+    )
+
+
+def explicit_ellipsis(subscripts: str, ranks: list) -> str | None:
+    """`subscripts` with its "..." written out as letters, given the operands'
+    ranks; None when it has no ellipsis or cannot be written out exactly.
+
+    tf2onnx's einsum optimizer, which the convert stage runs, rejects an
+    equation with an ellipsis (RoFormerV2's rotary angles,
+    `einsum("...,d->...d", positions, frequencies)`), though ONNX's Einsum
+    takes one. Letters that the equation does not use stand for the ellipsis
+    axes. Only one operand may have ellipsis axes: between two, an ellipsis
+    broadcasts size 1 against any size, which the same letter does not.
+    """
+    inputs, arrow, output = subscripts.replace(" ", "").partition("->")
+    parts = inputs.split(",")
+    if "..." not in subscripts or not arrow or len(parts) != len(ranks) or None in ranks:
+        return None
+    widths = []
+    for part, rank in zip(parts, ranks, strict=True):
+        if part.count("...") > 1 or "." in part.replace("...", ""):
+            return None
+        widths.append(rank - len(part.replace("...", "")) if "..." in part else 0)
+    if min(widths) < 0 or sum(width > 0 for width in widths) > 1 or output.count("...") > 1:
+        return None
+    unused = [c for c in string.ascii_letters if c not in subscripts]
+    letters = "".join(unused[: max(widths)])
+    return (
+        ",".join(part.replace("...", letters) for part in parts)
+        + "->"
+        + (output.replace("...", letters))
     )

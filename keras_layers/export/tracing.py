@@ -19,7 +19,7 @@ inputs into initializers holding the variables' values.
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from keras_layers.export.einsums import einsum_layout
+from keras_layers.export.einsums import einsum_layout, explicit_ellipsis
 from keras_layers.export.errors import ConversionError, one_line
 from keras_layers.export.loading import LoadedModel, flatten, unique_variables
 
@@ -100,14 +100,17 @@ def _attention_as_batched_matmuls():
 
 
 @contextmanager
-def _attention_einsums_as_matmuls():
-    """Trace grouped-query attention's einsums as transposes and one `MatMul`.
+def _einsums_for_onnx():
+    """Trace grouped-query attention's einsums as transposes and one `MatMul`,
+    and write out ellipses.
 
     tf2onnx lowers `einsum("btkgh,bskh->bkgts")` with dynamic batch and length
     to about 30 nodes of 6-D transposes and shape arithmetic; written as
     `einsums.einsum_layout` says, it is 2-3 transposes, an `Unsqueeze` and one
     `MatMul`, a form `fusions.fuse_attention` matches. Same float products,
-    summed in a different order. Other einsums keep Keras' own code.
+    summed in a different order. An equation with "..." (which tf2onnx
+    rejects) gets letters for it (`einsums.explicit_ellipsis`). Other einsums
+    keep Keras' own code.
     """
     try:
         from keras.src.backend.tensorflow import numpy as backend_numpy
@@ -121,6 +124,9 @@ def _attention_einsums_as_matmuls():
     import tensorflow as tf
 
     def einsum(subscripts, *operands, **kwargs):
+        if isinstance(subscripts, str) and "..." in subscripts and not kwargs:
+            ranks = [tf.convert_to_tensor(x).shape.rank for x in operands]
+            subscripts = explicit_ellipsis(subscripts, ranks) or subscripts
         layout = einsum_layout(subscripts) if isinstance(subscripts, str) else None
         if layout is None or len(operands) != 2 or kwargs:
             return original(subscripts, *operands, **kwargs)
@@ -230,7 +236,7 @@ def trace_call(loaded: LoadedModel, call, specs: list, output_names: list) -> Tr
 
     function = tf.function(serve, input_signature=signature, autograph=False)
     try:
-        with _attention_as_batched_matmuls(), _attention_einsums_as_matmuls():
+        with _attention_as_batched_matmuls(), _einsums_for_onnx():
             function.get_concrete_function(*signature)  # traced now, reused by convert
     except Exception as error:
         _raise_if_keras_itself_fails(loaded)

@@ -15,7 +15,7 @@ from keras_layers.export.fusions.attention import (
     transposed,
 )
 
-# Grouped-query attention as `tracing._attention_einsums_as_matmuls` writes
+# Grouped-query attention as `tracing._einsums_for_onnx` writes
 # keras-hub's einsums, read from the layout the trace itself follows: q
 # (B, T, K, G, H) to (B, K, G, T, H); k and v (B, S, K, H) to (B, K, H, S)
 # and (B, K, S, H), each with a size-1 group axis inserted; the output
