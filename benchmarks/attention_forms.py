@@ -16,8 +16,11 @@ of 4 layers, 256 wide, 4 heads of 64 (Gemma: 1 key/value head), 1024 in the
 MLP, a vocabulary of 1000; latency medians at (1, 128), (8, 128) and
 (1, 512), interleaved, sessions that stop spinning after a run (see
 `export_bench.session`). Both files are checked to agree on each timing feed.
-Llama's row switches the rotary-embedding fusion (`fusions.rotary`) instead,
-the attention fused in both files.
+XLNet (position and segment terms in the bias), Gemma 3n (heads repeated as
+`repeat_kv`), ESM (the scale computed at run time) and GPT-OSS (attention
+sinks: the fused op gets one more key, value and bias column) are measured
+the same way. Llama's row switches the rotary-embedding fusion
+(`fusions.rotary`) instead, the attention fused in both files.
 """
 
 import argparse
@@ -39,6 +42,14 @@ MODELS = {
     "GPT-NeoX": ("GPTNeoXBackbone", "scale inside the einsum's transpose", "attention"),
     "DeBERTa-v3": ("DebertaV3Backbone", "disentangled position terms as a bias", "attention"),
     "CLIP text": ("CLIPTextEncoder", "causal mask built from the logits' shape", "attention"),
+    "XLNet": ("XLNetBackbone", "position and segment terms summed into the bias", "attention"),
+    "Gemma 3n": ("Gemma3nBackbone", "key/value heads repeated as repeat_kv", "attention"),
+    "ESM": ("ESMBackbone", "scale computed from the head size", "attention"),
+    "GPT-OSS": (
+        "GptOssBackbone",
+        "attention sinks: one more key, value and bias column",
+        "attention",
+    ),
     "Llama": ("LlamaBackbone", "rotary embeddings of queries and keys", "rotary"),
 }
 QUICK_MODELS = {name: MODELS[name] for name in ("Gemma", "T5", "Llama")}
@@ -66,6 +77,19 @@ QUICK_SIZES = SIZES | {"hidden_dim": 64, "embedding_dim": 64, "intermediate_dim"
 QUICK_SIZES |= {"num_layers": 2, "head_dim": 16, "key_value_dim": 16, "max_sequence_length": 64}
 SHAPES = [(1, 128), (8, 128), (1, 512)]
 QUICK_SHAPES = [(1, 32)]
+# Gemma 3n names its sizes its own way (Hugging Face's): the same model size.
+SIZES_BY_CLASS = {
+    "Gemma3nBackbone": {
+        "text_vocab_size": 1000,
+        "vocab_size_per_layer_input": 1000,
+        "text_hidden_size": 256,
+        "num_hidden_layers": 4,
+        "intermediate_size": [1024] * 4,
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+        "sliding_window": 512,
+        "max_position_embeddings": 512,
+    }
+}
 AGREEMENT_ATOL = 1e-4
 
 
@@ -175,7 +199,8 @@ def main(argv=None):
     }
     for label, (cls_name, form, switch) in models.items():
         # Llama: 4 query heads on 2 key/value heads, as in real_models.py.
-        model = build(cls_name, sizes | ({"num_key_value_heads": 2} if switch == "rotary" else {}))
+        extra = {"num_key_value_heads": 2} if switch == "rotary" else {}
+        model = build(cls_name, sizes | extra | SIZES_BY_CLASS.get(cls_name, {}))
         with tempfile.TemporaryDirectory(prefix="attention_forms_") as folder:
             paths = export_both(model, Path(folder), switch)
             op = SWITCHES[switch][2]
