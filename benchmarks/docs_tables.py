@@ -520,6 +520,30 @@ def attention_forms_speed_table(report: dict) -> str:
     return markdown_table(header, [False, False, True, True, False, True, True, True], rows)
 
 
+# --- cached_attention.json ---------------------------------------------------------
+
+
+def cached_attention_speed_table(report: dict) -> str:
+    """A cached decoder generating, its attention fused against unfused."""
+    rows = []
+    for label, entry in report["models"].items():
+        for shape, row in entry["latency"].items():
+            rows.append(
+                [
+                    label,
+                    f"{entry['fused_ops']} MultiHeadAttention",
+                    shape.replace("x", " x "),
+                    str(entry["new_tokens"]),
+                    f"{row['ms']['unfused']:.1f}",
+                    f"{row['ms']['fused']:.1f}",
+                    f"{row['fused_over_unfused']:.2f}",
+                ]
+            )
+    header = ["model", "fused", "batch x prompt", "new tokens", "unfused ms", "fused ms"]
+    header.append("fused / unfused")
+    return markdown_table(header, [False, True, False, True, True, True, True], rows)
+
+
 # --- rule_engines.json -------------------------------------------------------------
 
 
@@ -548,6 +572,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "real_models.profile": real_models_profile_table,
     "attention_forms.speed": attention_forms_speed_table,
     "rule_engines.speed": rule_engines_speed_table,
+    "cached_attention.speed": cached_attention_speed_table,
 }
 
 

@@ -86,6 +86,20 @@ def test_attention_forms_benchmark_quick_mode_fuses_and_agrees():
     assert (results_io.RESULTS / "attention_forms.quick.png").exists()
 
 
+def test_cached_attention_benchmark_quick_mode_times_both_files():
+    """Both decoders generate the same tokens (the script exits otherwise),
+    the fused one with one op per layer."""
+    from benchmarks import cached_attention
+
+    report = cached_attention.main(["--quick"])
+    layers = cached_attention.QUICK_SIZES["num_layers"]
+    assert set(report["models"]) == {"GPT-2", "Gemma"}
+    for entry in report["models"].values():
+        assert entry["fused_ops"] == layers
+        for row in entry["latency"].values():
+            assert row["ms"]["fused"] > 0 and row["ms"]["unfused"] > 0
+
+
 @pytest.mark.peers  # onnxscript comes with the peers extra
 def test_rule_engines_benchmark_quick_mode_fuses_the_same_norms_both_ways():
     """Our RMS norm rule and the onnxscript one fuse every norm of the quick

@@ -732,9 +732,7 @@ def slim(
         # A decoder with a cache (its cache inputs name a past axis) mostly
         # runs one query at a time: see `fusions.fuse_attention`.
         cached = any(info.axes and causal_lm.PAST_AXIS in info.axes for info in inputs)
-        fused["MultiHeadAttention"] = fusions.fuse_attention(
-            proto, shapes, attention, grouped=not cached
-        )
+        fused["MultiHeadAttention"] = fusions.fuse_attention(proto, shapes, attention, cached)
         # After attention, whose match needs shape inference: ONNX knows no
         # SimplifiedLayerNormalization, so inference stops at one.
         # The nodes the fusions above replaced would be candidates too.
