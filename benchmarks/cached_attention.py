@@ -26,7 +26,7 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.results_io import RESULTS, run_header  # noqa: E402
+from benchmarks.results_io import run_header, save_json  # noqa: E402
 from benchmarks.timing import time_side_by_side  # noqa: E402
 
 SIZES = {"vocabulary_size": 16384, "num_layers": 4, "hidden_dim": 256, "intermediate_dim": 1024}
@@ -114,8 +114,6 @@ def measure(kind: str, sizes: dict, shapes: list, rounds: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    import json
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny models, one short prompt")
     args = parser.parse_args(argv)
@@ -124,10 +122,7 @@ def main(argv=None) -> dict:
     report = run_header("cached_attention.py", args.quick) | {"sizes": sizes, "models": {}}
     for kind in ("GPT-2", "Gemma"):
         report["models"][kind] = measure(kind, sizes, shapes, rounds=3 if args.quick else 9)
-    stem = "cached_attention.quick" if args.quick else "cached_attention"
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    print(f"wrote {RESULTS / stem}.json")
+    print(f"wrote {save_json(report, 'cached_attention', args.quick)}.json")
     return report
 
 

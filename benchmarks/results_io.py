@@ -24,14 +24,20 @@ def header(script: str, quick: bool, config: tuple) -> dict:
     return run_header(script, quick) | {"config": dict(zip(CONFIG_KEYS, config, strict=True))}
 
 
+def save_json(report: dict, name: str, quick: bool) -> Path:
+    """Write `results/NAME[.quick].json`; its path without the suffix."""
+    stem = RESULTS / (f"{name}.quick" if quick else name)
+    RESULTS.mkdir(exist_ok=True)
+    Path(f"{stem}.json").write_text(json.dumps(report, indent=2))
+    return stem
+
+
 def save(report: dict, name: str, quick: bool, print_table, plot) -> dict:
     """Print the table, then write `results/NAME[.quick].json` and `.png`."""
     print_table(report)
-    stem = f"{name}.quick" if quick else name
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    plot(report, RESULTS / f"{stem}.png")
-    print(f"wrote {RESULTS / stem}.json and .png")
+    stem = save_json(report, name, quick)
+    plot(report, Path(f"{stem}.png"))
+    print(f"wrote {stem}.json and .png")
     return report
 
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from benchmarks import attention_forms  # noqa: E402
 from benchmarks.docs_tables import rule_engines_speed_table  # noqa: E402
-from benchmarks.results_io import RESULTS, run_header  # noqa: E402
+from benchmarks.results_io import run_header, save_json  # noqa: E402
 from benchmarks.timing import time_side_by_side  # noqa: E402
 
 
@@ -121,8 +121,6 @@ def measure(proto, shapes, rounds: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    import json
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a 2-layer, 64-wide Llama")
     args = parser.parse_args(argv)
@@ -134,10 +132,7 @@ def main(argv=None) -> dict:
         raise SystemExit(f"the two rules fused different counts: {report['rms_norm']['fused']}")
     print(f"keras-hub Llama, {report['rms_norm']['nodes']} nodes")
     print(rule_engines_speed_table(report))
-    stem = "rule_engines.quick" if args.quick else "rule_engines"
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    print(f"wrote {RESULTS / stem}.json")
+    print(f"wrote {save_json(report, 'rule_engines', args.quick)}.json")
     return report
 
 
