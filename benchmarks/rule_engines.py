@@ -11,7 +11,7 @@ as in benchmarks/attention_forms.py; --quick: 2 x 64), timed side by side,
 each from the ONNX proto it gets to the proto it gives back: onnxscript's
 rewriter works on its own IR, so its time includes the conversion there and
 back. Both must fuse the same norms. Writes results/rule_engines[.quick].json;
-docs/export.md's table `rule_engines.speed` is rendered from it.
+docs/performance.md's table `rule_engines.speed` is rendered from it.
 """
 
 import argparse
@@ -55,7 +55,8 @@ def graph_before_rms_norms(sizes: dict):
 
 
 def onnxscript_rule():
-    """The RMS norm rule in onnxscript's rewriter, with the same checks as ours."""
+    """The RMS norm rule in onnxscript's rewriter, with our checks for its form:
+    x ** 2 (ours also takes x * x and folds a gain `Mul` after the norm)."""
     from onnxscript import ir
     from onnxscript.rewriter import pattern
 

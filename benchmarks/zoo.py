@@ -245,9 +245,9 @@ def zoo_table(report: dict) -> str:
                 [
                     "Softmaxes not fused into attention, with the reason the report's"
                     f" `graph.declined` gives ({len(unfused)} models). Every softmax is a"
-                    " candidate: a mixture-of-experts router's (Mixtral, Qwen MoE, GPT-OSS)"
-                    " is no attention, and its reason is that its probabilities weigh no"
-                    " values:",
+                    " candidate: a mixture-of-experts router's (Mixtral, Qwen MoE, Qwen 3"
+                    " MoE, GPT-OSS) is no attention, and its reason is that its"
+                    " probabilities weigh no values:",
                     "",
                     *unfused,
                     "",

@@ -133,6 +133,7 @@ def _scale_from_shape(head_size):
         helper.make_node("Shape", ["k"], ["first"], end=1),
         helper.make_node("Cast", ["first"], ["first_f"], to=TensorProto.FLOAT),
         helper.make_node("Sqrt", ["first_f"], ["first_root"]),
+        helper.make_node("Gather", ["table", "first"], ["picked"]),
     ]
     graph = helper.make_graph(
         nodes,
@@ -141,12 +142,14 @@ def _scale_from_shape(head_size):
         [
             helper.make_tensor_value_info("scale", TensorProto.FLOAT, []),
             helper.make_tensor_value_info("first_root", TensorProto.FLOAT, [1]),
+            helper.make_tensor_value_info("picked", TensorProto.FLOAT, [1]),
         ],
         [
             onnx.numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
             onnx.numpy_helper.from_array(np.array([2**62], np.int64), "end"),
             onnx.numpy_helper.from_array(np.array([0], np.int64), "zero"),
             onnx.numpy_helper.from_array(np.float32(1), "one"),
+            onnx.numpy_helper.from_array(np.arange(8, dtype=np.float32), "table"),
         ],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -159,10 +162,11 @@ def test_a_scale_computed_from_a_static_dim_is_known_and_a_dynamic_one_is_not():
     g = pattern.Graph(proto.graph, fusions.tensor_shapes(proto))
     value = pattern.static_value(g, "scale")
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    computed, _ = session.run(None, {"k": np.zeros((3, 5, 2, 8), np.float32)})
+    computed, *_ = session.run(None, {"k": np.zeros((3, 5, 2, 8), np.float32)})
     assert value.dtype == np.float32 and value.tobytes() == computed.tobytes()
     assert pattern.static_value(g, "first_root") is None
     assert pattern.static_value(g, "first").tolist() == [None]
+    assert pattern.static_value(g, "picked") is None  # indices unknown: no value, no crash
 
 
 @pytest.mark.parametrize(
@@ -172,6 +176,7 @@ def test_a_scale_computed_from_a_static_dim_is_known_and_a_dynamic_one_is_not():
         ("...,d->...d", [(), (4,)]),
         ("b...h,h->b...", [(2, 3, 5, 4), (4,)]),
         ("ij,...j->...i", [(3, 4), (2, 5, 4)]),
+        ("...ij,...jk->...ik", [(2, 3), (5, 3, 4)]),  # the first "..." covers no axis
     ],
 )
 def test_an_ellipsis_written_out_computes_the_same(equation, shapes):

@@ -375,6 +375,12 @@ def _biased_attention(form, heads, size, bias_shape=None):
             helper.make_node("Add", ["qk", "bias"], ["summed"]),
             helper.make_node("Mul", ["summed", "scale"], ["logits"]),
         ]
+    elif form == "doubled":  # q.k + (b + b): a term read twice counts twice
+        nodes = [
+            *product,
+            helper.make_node("Add", ["bias", "bias"], ["twice"]),
+            helper.make_node("Add", ["qk", "twice"], ["logits"]),
+        ]
     elif form == "xlnet":  # ((content + position) + segment) * scale
         nodes = [
             *product,
@@ -437,6 +443,7 @@ def _biased_reference(form, feeds, size):
         "t5": lambda: qk + feeds["bias"],
         "falcon": lambda: (qk + feeds["bias"]) * scale,
         "xlnet": lambda: (qk + feeds["bias"] + feeds["bias2"]) * scale,
+        "doubled": lambda: qk + 2 * feeds["bias"],
         "bloom": lambda: qk * scale + feeds["bias"],
         "neox": lambda: qk * scale,
     }[form]()
@@ -449,7 +456,7 @@ def _biased_reference(form, feeds, size):
     return np.einsum("bnts,bsnh->btnh", probs, v)
 
 
-@pytest.mark.parametrize("form", ["t5", "falcon", "xlnet", "bloom", "neox"])
+@pytest.mark.parametrize("form", ["t5", "falcon", "xlnet", "doubled", "bloom", "neox"])
 def test_biased_and_rescaled_attention_is_fused_exactly(form):
     """On a padded batch with an all-padding row and logits in the hundreds,
     the fused graph gives what the formula and the unfused graph give."""
@@ -829,11 +836,12 @@ def test_a_scale_computed_from_the_head_size_is_fused_exactly():
     np.testing.assert_allclose(got, unfused.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
-def _sink_attention(heads, size, sliding=False, column_width=1):
+def _sink_attention(heads, size, sliding=False, column_width=1, window_fill=-1e9):
     """GPT-OSS's attention with sinks: the masked, scaled logits beside a
     learned logit per head, `softmax(concat(l, s) - max)[..., :-1] @ v`; with
     `sliding`, masked twice (padding and causal, then a window).
-    `column_width` 2 broadcasts the sinks to two columns: not one sink."""
+    `column_width` 2 broadcasts the sinks to two columns: not one sink;
+    `window_fill` is what the window's select puts at masked logits."""
     nodes = [
         helper.make_node("Transpose", ["q"], ["qt"], perm=[0, 2, 1, 3]),
         helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 3, 1]),
@@ -841,7 +849,7 @@ def _sink_attention(heads, size, sliding=False, column_width=1):
         helper.make_node("Mul", ["qk", "scale"], ["logits"]),
     ]
     if sliding:
-        nodes.append(helper.make_node("Where", ["window", "logits", "big"], ["windowed"]))
+        nodes.append(helper.make_node("Where", ["window", "logits", "window_fill"], ["windowed"]))
     source = "windowed" if sliding else "logits"
     nodes += [
         helper.make_node("Where", ["mask", source, "big"], ["masked"]),
@@ -862,7 +870,7 @@ def _sink_attention(heads, size, sliding=False, column_width=1):
     inputs.append(_tensor("mask", ["b", 1, "q_len", "k_len"], TensorProto.BOOL))
     if sliding:
         inputs.append(_tensor("window", [1, 1, "q_len", "k_len"], TensorProto.BOOL))
-    constants = [("scale", size**-0.5), ("big", -1e9)]
+    constants = [("scale", size**-0.5), ("big", -1e9), ("window_fill", window_fill)]
     model = _model(nodes, inputs, [_tensor("y", ["b", "q_len", heads, size])], constants)
     sinks = np.linspace(-1.0, 2.0, heads, dtype=np.float32).reshape(1, heads, 1, 1)
     model.graph.initializer.append(numpy_helper.from_array(sinks, "sinks"))
@@ -922,3 +930,12 @@ def test_sinks_broadcast_to_two_columns_are_left_alone():
     declined = []
     assert fusions.fuse_attention(proto, fusions.tensor_shapes(proto), declined) == 0
     assert [why for _, why in declined] == ["the sink column is not one float32 column"]
+
+
+def test_two_selects_with_different_fills_are_left_alone():
+    """Where both masks blank a row, Keras spreads it over the columns holding
+    the larger fill; the fused op's one bias would spread it over all."""
+    proto, _ = _sink_attention(2, 4, sliding=True, window_fill=-2.4e38)
+    declined = []
+    assert fusions.fuse_attention(proto, fusions.tensor_shapes(proto), declined) == 0
+    assert [why for _, why in declined] == ["the selects fill masked logits with different values"]

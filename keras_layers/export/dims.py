@@ -374,8 +374,8 @@ class _Evaluation:
     def _extreme(op, x, y):
         """max(x, y) or min(x, y) where it is provable: both static; or a size
         (a positive multiple of symbols, never negative) against a bound at
-        most 0 for Max, or from `_TO_THE_END` for Min, as TensorFlow's
-        strided slices clamp their ends."""
+        most 0 for Max, or one axis's size against `_TO_THE_END` or more for
+        Min, as TensorFlow's strided slices clamp their ends."""
         if x is None or y is None:
             return None
         if x.static is not None and y.static is not None:
@@ -383,8 +383,10 @@ class _Evaluation:
         size, bound = (x, y) if y.static is not None else (y, x)
         if bound.static is None or size[0] <= 0:
             return None
-        if (op == "Max" and bound.static <= 0) or (op == "Min" and bound.static >= _TO_THE_END):
+        if op == "Max" and bound.static <= 0:
             return size
+        if op == "Min" and bound.static >= _TO_THE_END and size[0] == 1 and len(size[1]) == 1:
+            return size  # one axis's size, which is never that long
         return None
 
     @staticmethod

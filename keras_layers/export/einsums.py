@@ -101,8 +101,9 @@ def explicit_ellipsis(subscripts: str, ranks: list) -> str | None:
         return None
     unused = [c for c in string.ascii_letters if c not in subscripts]
     letters = "".join(unused[: max(widths)])
-    return (
-        ",".join(part.replace("...", letters) for part in parts)
-        + "->"
-        + (output.replace("...", letters))
-    )
+    # An operand whose "..." covers no axis gets no letter.
+    written = [
+        part.replace("...", letters[len(letters) - width :] if width else "")
+        for part, width in zip(parts, widths, strict=True)
+    ]
+    return ",".join(written) + "->" + output.replace("...", letters)

@@ -176,7 +176,7 @@ class Attention:
     q: str
     k: str
     v: str
-    mask: str | None
+    mask: str | tuple | None  # a tuple: masked where any of them masks
     scale: float
     heads: int
     size: int
@@ -294,18 +294,19 @@ def attention_mask(g, masked, zeroing, shape_readers=None):
     A select value from -1e9 down masks completely: Keras selects -1e9
     (`keras.layers.Softmax`) or -2.4e38 (`ops.dot_product_attention`), and
     exp(-1e9 - max) is 0 for any logit above -9e8. GPT-OSS's sliding-window
-    layers select twice, `Where(m1, Where(m2, x, -big), -big)`: masked where
-    either is; the mask is then the tuple of both (not with a zeroing select).
+    layers select twice, `Where(m1, Where(m2, x, -big), -big)` with one fill:
+    masked where either is; the mask is then the tuple of both (not with a
+    zeroing select).
     `Shape` readers of the masked logits join `shape_readers` when it is a
-    list (see `_sole_reader`). Returns (the mask, a tuple of masks or None;
-    the logits) or a reason.
+    list (see `_sole_reader`). Returns (mask, logits), the mask a name, a
+    tuple of names or None; or a reason.
     """
     where = g.node(masked, "Where")
     if where is None:
         if zeroing is not None:
             return "the probabilities are zeroed where no mask selected the logits"
         return None, masked
-    masks = []
+    masks, fills = [], set()
     while where is not None:
         big = g.const(where.input[2])
         if not _sole_reader(g, where.output[0], shape_readers if not masks else None):
@@ -315,8 +316,13 @@ def attention_mask(g, masked, zeroing, shape_readers=None):
         if not np.isfinite(big).all() or big.max() > -1e9:
             return f"the select value {big.max()} does not mask completely"
         masks.append(where.input[0])
+        fills.add(float(big.reshape(-1)[0]))
         logits = where.input[1]
         where = g.node(logits, "Where") if zeroing is None else None
+    if len(fills) > 1:
+        # A row every mask blanks is uniform over the columns holding the
+        # larger fill in Keras; the fused op's one bias would spread it wider.
+        return "the selects fill masked logits with different values"
     if zeroing is not None and zeroing.input[0] != masks[0]:
         return "the selects before and after the softmax read different masks"
     return (masks[0] if len(masks) == 1 else tuple(masks)), logits
@@ -413,7 +419,7 @@ def _sum_terms(g, name) -> list:
     """The terms of the tree of `Add`s producing `name`: an inner `Add` is part
     of the tree where its parent alone reads it."""
     terms = []
-    for side in dict.fromkeys(g.producer[name].input):
+    for side in g.producer[name].input:  # Add(b, b) is two terms: 2b
         if g.node(side, "Add") is not None and g.only_used_by(side):
             terms += _sum_terms(g, side)
         else:
@@ -538,7 +544,7 @@ def match_plain(g, softmax, pv, zeroing, out, sliced=False):
     if sinks is not None and sinks.size != heads:
         return "the sinks are not one per head"
     zeroes = zeroing is not None
-    readers = tuple(shape_readers)
+    readers = tuple({reader.output[0]: reader for reader in shape_readers}.values())
     return Attention(
         q,
         k,

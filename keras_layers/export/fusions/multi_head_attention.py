@@ -232,7 +232,7 @@ def _rewrite(edit, match: Attention) -> None:
         # own stays as it is and a missing one becomes B or 1.
         one = edit.constant("mha_one", np.array([1], np.int64))
         batch = one
-        if match.bias is None:  # the mask's bias alone: (B, 1, T, S), as before
+        if match.bias is None:  # the mask's bias alone: expanded to (B, 1, T, S)
             nodes.append(helper.make_node("Shape", [q], [name["b"]], start=0, end=1))
             batch = name["b"]
         nodes += [

@@ -162,8 +162,8 @@ def static_value(g, name, depth: int = 12):
         return None
     inputs = [static_value(g, i, depth - 1) if i else None for i in node.input]
     x = inputs[0]
-    if x is None:
-        return None
+    if x is None or any(v is not None and v.dtype == object for v in inputs[1:]):
+        return None  # indices, bounds or axes that depend on an unknown dim
     if x.dtype == object and None not in x.reshape(-1).tolist():
         x = x.astype(np.int64)  # every dim read is static
     if op in _FLOAT_MATH:
@@ -205,9 +205,9 @@ def static_value(g, name, depth: int = 12):
 class Edit:
     """The changes a rule's rewrites make, made at once by `commit`.
 
-    Nodes replace a node in its place (`replace`), go before a node
-    (`before`) or right after the node that makes a value (`after`; at the
-    start of the graph when the value is an input or an initializer). Values
+    Nodes replace a node in its place (`replace`) or go right after the node
+    that makes a value (`after`; at the start of the graph when the value is
+    an input or an initializer). Values
     computed once for many matches (a mask's bias, a table) are made through
     `once`; constants shared by matches through `constant`.
     """
@@ -221,7 +221,7 @@ class Edit:
             *(value.name for value in graph.input),
         }
         self.sources = {init.name for init in graph.initializer} | {v.name for v in graph.input}
-        self._replaced, self._before, self._after = {}, defaultdict(list), defaultdict(list)
+        self._replaced, self._after = {}, defaultdict(list)
         self._constants, self._once = {}, {}
         self.count = 0
 
@@ -258,21 +258,17 @@ class Edit:
         nodes[-1].output.extend(node.output)
         self._replaced[node.output[0]] = nodes
 
-    def before(self, node, nodes: list) -> None:
-        self._before[node.output[0]] += nodes
-
     def after(self, name: str, nodes: list) -> None:
         self._after[name] += nodes
 
     def commit(self) -> None:
         """Make the recorded changes, in one pass over the graph's nodes."""
-        if not (self._replaced or self._before or self._after):
+        if not (self._replaced or self._after):
             return
         graph = self.proto.graph
         nodes = [new for name in self._after if name in self.sources for new in self._after[name]]
         for node in graph.node:
             key = node.output[0] if node.output else None
-            nodes += self._before.get(key, [])
             nodes += self._replaced.get(key, [node])
             nodes += [new for output in node.output for new in self._after.get(output, [])]
         del graph.node[:]
