@@ -7,8 +7,6 @@ exact GELU (`ERFC_GELU`). On request the same pass fuses
 `SkipLayerNormalization`, ONNX Runtime's fusion too.
 """
 
-from collections import defaultdict
-
 import numpy as np
 from onnx import helper
 
@@ -16,7 +14,7 @@ from keras_layers.export.fusions.pattern import (
     Rule,
     apply,
     attribute,
-    body_reads,
+    sort_topologically,
     use_contrib_domain,
 )
 
@@ -170,36 +168,6 @@ def fuse_erfc_gelus(proto, declined: list | None = None) -> int:
     return apply(ERFC_GELU, proto, [] if declined is None else declined)
 
 
-def _sort_topologically(graph) -> None:
-    """Order `graph.node` so every value is made before it is read; among the
-    ready nodes, the one listed first goes first (ONNX Runtime's fusions append
-    the nodes they make at the end)."""
-    import heapq
-
-    nodes = list(graph.node)
-    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
-    readers, waiting = defaultdict(list), []
-    for i, node in enumerate(nodes):
-        needs = {producer[n] for n in [*node.input, *body_reads(node)] if n in producer} - {i}
-        waiting.append(len(needs))
-        for j in needs:
-            readers[j].append(i)
-    ready = [i for i, count in enumerate(waiting) if count == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(nodes[i])
-        for j in readers[i]:
-            waiting[j] -= 1
-            if waiting[j] == 0:
-                heapq.heappush(ready, j)
-    if len(order) != len(nodes):
-        raise ValueError("the graph has a cycle")
-    del graph.node[:]
-    graph.node.extend(order)
-
-
 def fuse_gelus(proto, declined: list | None = None, skip_norms: bool = False) -> dict:
     """GELU (and, on request, skip-LayerNorm) fusions, mostly by ONNX Runtime's own classes.
 
@@ -287,7 +255,7 @@ def fuse_gelus(proto, declined: list | None = None, skip_norms: bool = False) ->
         # A QuickGelu reason for every Mul would drown the others.
         fusion.declined = None if "QuickGelu" in fusion_class.__name__ else declined
         fusion.apply()
-    _sort_topologically(proto.graph)
+    sort_topologically(proto.graph)
     for op in kinds:
         counts[op] = sum(n.op_type == op for n in proto.graph.node) - before[op]
     if any(counts.values()):

@@ -202,6 +202,36 @@ def static_value(g, name, depth: int = 12):
     return x[int(starts.reshape(-1)[0]) : int(ends.reshape(-1)[0])]
 
 
+def sort_topologically(graph) -> None:
+    """Order `graph.node` so every value is made before it is read; among the
+    ready nodes, the one listed first goes first (ONNX Runtime's fusions append
+    the nodes they make at the end)."""
+    import heapq
+
+    nodes = list(graph.node)
+    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+    readers, waiting = defaultdict(list), []
+    for i, node in enumerate(nodes):
+        needs = {producer[n] for n in [*node.input, *body_reads(node)] if n in producer} - {i}
+        waiting.append(len(needs))
+        for j in needs:
+            readers[j].append(i)
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(nodes[i])
+        for j in readers[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(ready, j)
+    if len(order) != len(nodes):
+        raise ValueError("the graph has a cycle")
+    del graph.node[:]
+    graph.node.extend(order)
+
+
 class Edit:
     """The changes a rule's rewrites make, made at once by `commit`.
 
@@ -273,6 +303,9 @@ class Edit:
             nodes += [new for output in node.output for new in self._after.get(output, [])]
         del graph.node[:]
         graph.node.extend(nodes)
+        # A value made once for many matches went before the first match's
+        # node; should another match's come earlier, reorder (a no-op else).
+        sort_topologically(graph)
         if any(node.domain == "com.microsoft" for node in nodes):
             use_contrib_domain(self.proto)
 
