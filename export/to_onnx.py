@@ -3,21 +3,21 @@
 Usage: python export/to_onnx.py [MODEL.keras] [-o OUT.onnx] [options]
 
 The same command as `keras-layers-export` and `python -m keras_layers.export`;
-run from a checkout, the demo's files go to `artifacts/demo/` in it. (Importing
-`keras_layers` prepares the process for the command: see its `__init__`.)
+run from a checkout, the demo's files go to `artifacts/demo/` in it.
 """
 
-import sys
-from pathlib import Path
-
-# Python puts this script's folder first on sys.path; nothing here is meant to
-# be imported from it, and a stray module there must not shadow a dependency.
-del sys.path[0]
-try:
-    from keras_layers.export.cli import run
-except ImportError as error:
-    sys.exit(f'error: {error}. From the checkout: pip install -e ".[export]"')
-
 if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    # Python puts this script's folder first on sys.path; nothing here is meant
+    # to be imported from it, and a stray module there must not shadow a
+    # dependency.
+    del sys.path[0]
+    try:
+        from keras_layers.export.cli import run
+    except ImportError as error:
+        sys.exit(f'error: {error}. From the checkout: pip install -e ".[export]"')
+
     demo_dir = Path(__file__).resolve().parent.parent / "artifacts" / "demo"
     sys.exit(run(prog="python export/to_onnx.py", demo_dir=demo_dir))

@@ -4,12 +4,11 @@
 and places the files; each stage is a module of its own. `generate` runs a
 decoder exported with `task="causal-lm"` on ONNX Runtime and NumPy alone:
 `from keras_layers.export import generate` imports neither TensorFlow nor
-Keras (the pipeline is imported on first use of `export_model`). Needs the
+Keras (every name is imported on first use). Needs the
 `export` extra: `pip install "keras-layers[export]"`.
 """
 
 from importlib.util import find_spec
-from typing import TYPE_CHECKING
 
 # Checked by name, not imported: importing TensorFlow here would cost seconds
 # for `--help`, and the first missing one names the extra to install.
@@ -21,18 +20,38 @@ if _missing:
         'install. Install the export extra: pip install "keras-layers[export]"'
     )
 
-from keras_layers.export.errors import (  # noqa: E402
-    ConversionError,
-    ExportError,
-    ModelLoadError,
-    OutputError,
-    UsageError,
-    ValidationFailed,
-)
-from keras_layers.export.generation import CachedDecoder, generate  # noqa: E402
-
+TYPE_CHECKING = False  # as in keras_layers/__init__.py: `typing` is not imported
 if TYPE_CHECKING:  # what type checkers and the API docs read
+    from keras_layers.export.errors import (
+        ConversionError,
+        ExportError,
+        ModelLoadError,
+        OutputError,
+        UsageError,
+        ValidationFailed,
+    )
+    from keras_layers.export.generation import CachedDecoder, generate
     from keras_layers.export.pipeline import export_model
+
+# Every name is imported on first use (PEP 562): importing this package runs
+# nothing of the working folder under `python -m keras_layers.export` (see
+# `startup.drop_working_folder`), and `generate` never imports TensorFlow.
+_MODULES = {
+    "CachedDecoder": "keras_layers.export.generation",
+    "generate": "keras_layers.export.generation",
+    "export_model": "keras_layers.export.pipeline",
+    **dict.fromkeys(
+        (
+            "ConversionError",
+            "ExportError",
+            "ModelLoadError",
+            "OutputError",
+            "UsageError",
+            "ValidationFailed",
+        ),
+        "keras_layers.export.errors",
+    ),
+}
 
 __all__ = [
     "CachedDecoder",
@@ -48,9 +67,8 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name != "export_model":
+    if name not in _MODULES:
         raise AttributeError(f"module 'keras_layers.export' has no attribute {name!r}")
-    from keras_layers.export.pipeline import export_model
-
-    globals()[name] = export_model
-    return export_model
+    value = getattr(__import__(_MODULES[name], fromlist=[name]), name)
+    globals()[name] = value
+    return value
