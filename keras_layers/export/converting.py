@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from keras_layers.export.compat import patched
 from keras_layers.export.errors import ConversionError, UsageError, argument
 from keras_layers.export.tracing import TracedModel
 
@@ -235,11 +236,8 @@ def _numpy_product_alias() -> Iterator[None]:
     if hasattr(np, "product"):
         yield
         return
-    np.product = np.prod
-    try:
+    with patched(np, "product", np.prod):
         yield
-    finally:
-        del np.product
 
 
 @contextmanager
@@ -270,11 +268,8 @@ def _grappler_without_placeholder_shapes() -> Iterator[None]:
                 node.attr["shape"].CopyFrom(shapes[node.name])
         return graph_def
 
-    tf_optimizer.OptimizeGraph = optimize
-    try:
+    with patched(tf_optimizer, "OptimizeGraph", optimize):
         yield
-    finally:
-        tf_optimizer.OptimizeGraph = original
 
 
 def _captured_constants(concrete, explicit: int) -> dict:

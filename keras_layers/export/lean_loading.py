@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from keras_layers.export.compat import patched
+
 WEIGHTS_ENTRY = "model.weights.h5"
 CONFIG_ENTRY = "config.json"
 # What Keras writes besides assets: with anything more, Keras' loader runs.
@@ -122,7 +124,6 @@ def _deferred_variables(variable_class) -> Iterator[list]:
     """Variables created meanwhile from an initializer get no value; the list
     yielded collects them. (A variable created from a value, such as the step
     counter of the optimizer a keras-hub task compiles, is created as usual.)"""
-    original = variable_class._initialize_with_initializer
     deferred = []
 
     def defer(self, initializer):
@@ -130,11 +131,8 @@ def _deferred_variables(variable_class) -> Iterator[list]:
         self._initializer = initializer
         deferred.append(self)
 
-    variable_class._initialize_with_initializer = defer
-    try:
+    with patched(variable_class, "_initialize_with_initializer", defer):
         yield deferred
-    finally:
-        variable_class._initialize_with_initializer = original
 
 
 @contextmanager
@@ -149,11 +147,8 @@ def _assign_creates(variable_class) -> Iterator[None]:
         else:
             original(self, value)
 
-    variable_class._direct_assign = direct_assign
-    try:
+    with patched(variable_class, "_direct_assign", direct_assign):
         yield
-    finally:
-        variable_class._direct_assign = original
 
 
 def _initialize_the_rest(deferred: list) -> None:

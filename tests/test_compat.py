@@ -1,0 +1,86 @@
+"""Every internal of another library that the export swaps still exists, and
+`patched` puts back what was there."""
+
+import numpy as np
+import pytest
+
+from keras_layers.export import compat
+
+pytestmark = pytest.mark.tensorflow_only  # the internals are TensorFlow backend's
+
+
+@pytest.mark.parametrize("internal", compat.INTERNALS, ids=lambda internal: internal.path)
+def test_each_listed_internal_exists_in_the_versions_installed(internal):
+    owner = internal.owner()  # raises if its module or class is gone
+    if not internal.may_be_absent:
+        assert hasattr(owner, internal.name), (
+            f"{internal.module}.{internal.path} is gone from the installed version; "
+            f"{internal.user} was written for {internal.written_for}"
+        )
+
+
+def test_patched_restores_an_attribute_and_removes_an_added_one():
+    from tensorflow.python.grappler import tf_optimizer
+
+    original = tf_optimizer.OptimizeGraph
+    with pytest.raises(RuntimeError), compat.patched(tf_optimizer, "OptimizeGraph", len):
+        assert tf_optimizer.OptimizeGraph is len
+        raise RuntimeError("the block fails")
+    assert tf_optimizer.OptimizeGraph is original
+    had_product = hasattr(np, "product")
+    with compat.patched(np, "product", np.prod):
+        assert np.product is np.prod
+    assert hasattr(np, "product") == had_product
+
+
+def test_an_inherited_method_is_restored_as_inherited():
+    from keras.src.backend.tensorflow.core import Variable
+
+    inherited = "_direct_assign" not in Variable.__dict__
+    original = Variable._direct_assign
+    with compat.patched(Variable, "_direct_assign", len):
+        assert Variable._direct_assign is len
+    assert Variable._direct_assign is original
+    assert ("_direct_assign" not in Variable.__dict__) == inherited
+
+
+def test_an_unlisted_attribute_is_refused_with_the_fix():
+    with pytest.raises(LookupError, match="not in keras_layers.export.compat.INTERNALS"):
+        with compat.patched(np, "prod", np.sum):
+            pass
+    assert np.prod is not np.sum
+
+
+def test_no_module_swaps_an_attribute_outside_compat():
+    """Each listed `user` names a function that exists; none of the stages
+    assigns to another library's attribute by hand (`X.attr = ...` of a module
+    imported from outside the package)."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(compat.__file__).parent
+    offenders = []
+    for path in folder.rglob("*.py"):
+        if path.name == "compat.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            for target in targets:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id
+                    in {
+                        "np",
+                        "nn",
+                        "core",
+                        "backend_numpy",
+                        "tf_optimizer",
+                        "variable_class",
+                        "Variable",
+                        "keras",
+                        "tf",
+                    }
+                ):
+                    offenders.append(f"{path.name}:{node.lineno}")
+    assert offenders == [], f"swap these through compat.patched: {offenders}"
