@@ -78,14 +78,17 @@ class CachedDecoder:
 
         path = Path(onnx_path)
         if not path.is_file():
-            raise FileNotFoundError(f"no ONNX file at {path}: give the file --task causal-lm wrote")
+            raise FileNotFoundError(
+                f"onnx_path={str(path)!r}: no ONNX file at this path; give the file that "
+                "--task causal-lm wrote"
+            )
         self.session = ort.InferenceSession(
             str(path), session_options, providers=["CPUExecutionProvider"]
         )
         inputs = {value.name: value for value in self.session.get_inputs()}
         if "input_ids" not in inputs or not any(name.startswith(_PAST) for name in inputs):
             raise ValueError(
-                f"{path} is not a decoder with a key/value cache (its inputs are "
+                f"onnx_path={str(path)!r}: not a decoder with a key/value cache (its inputs are "
                 f"{sorted(inputs)}); export the model with --task causal-lm"
             )
         self.ids_dtype = _numpy_dtype(inputs["input_ids"].type)
@@ -132,40 +135,41 @@ def _check_prompt(token_ids, padding_mask, max_new_tokens) -> tuple[np.ndarray, 
         or not np.issubdtype(token_ids.dtype, np.integer)
     ):
         raise ValueError(
-            f"token_ids must be integer ids of shape (batch, prompt length) with at least one "
-            f"token, got {token_ids.dtype} {token_ids.shape}; wrap one prompt as [ids]"
+            f"token_ids={token_ids.dtype} {token_ids.shape}: not integer ids of shape (batch, "
+            "prompt length) with at least one token; wrap one prompt as [ids]"
         )
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer):
-        raise ValueError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
+        raise ValueError(f"max_new_tokens={max_new_tokens!r}: must be an int; give a count")
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        raise ValueError(f"max_new_tokens={max_new_tokens}: must be at least 1")
     if padding_mask is None:
         return token_ids, np.ones(token_ids.shape, bool)
     mask = np.asarray(padding_mask).astype(bool)
     if mask.shape != token_ids.shape:
         raise ValueError(
-            f"padding_mask has shape {mask.shape}, token_ids {token_ids.shape}: give one mask "
-            "value per token (True for a prompt token)"
+            f"padding_mask of shape {mask.shape}: token_ids has shape {token_ids.shape}; give "
+            "one mask value per token (True for a prompt token)"
         )
     lengths = mask.sum(axis=1)
     right_padded = mask == (np.arange(mask.shape[1]) < lengths[:, None])
     if not right_padded.all() or lengths.min() == 0:
         raise ValueError(
-            "padding_mask must mark each row's prompt at its start (right padding, as "
-            "keras-hub's preprocessors write it) and every row needs at least one token"
+            "padding_mask: a row is not right padding or holds no token; mark each row's "
+            "prompt at its start (right padding, as keras-hub's preprocessors write it), at "
+            "least one token a row"
         )
     return token_ids, mask
 
 
 def _check_sampler(sampler, top_k, top_p, temperature) -> None:
     if sampler not in SAMPLERS:
-        raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
+        raise ValueError(f"sampler={sampler!r}: unknown; use one of {', '.join(SAMPLERS)}")
     if isinstance(top_k, bool) or not isinstance(top_k, int | np.integer) or top_k < 1:
-        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+        raise ValueError(f"top_k={top_k!r}: must be a positive int")
     if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+        raise ValueError(f"top_p={top_p!r}: must lie in (0, 1]")
     if not temperature > 0:
-        raise ValueError(f"temperature must be positive, got {temperature!r}")
+        raise ValueError(f"temperature={temperature!r}: must be positive")
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -237,6 +241,11 @@ def generate(
         int array (batch, prompt length + max_new_tokens): row `i` holds its
         prompt (its first `padding_mask[i].sum()` ids), then its new tokens
         (up to and including `end_token_id`), then `pad_token_id`.
+
+    Raises:
+        FileNotFoundError: no file at `onnx_path`.
+        ValueError: the file is no decoder with a cache, or an argument is out
+            of range; the message names it (`argument=value: why; what to do`).
 
     Example:
 
