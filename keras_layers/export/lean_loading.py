@@ -2,17 +2,15 @@
 
 `keras.saving.load_model` first builds the model, drawing every weight from its
 initializer, then reads the whole `model.weights.h5` entry into a `BytesIO`
-(when `psutil` says it fits) and assigns each weight from it. Measured on a
-model of 2.47 GB of weights (`benchmarks/big_model.py`): peak RSS 13.3 GB,
-24.5 s, and 8.7 GB still held afterwards.
+(when `psutil` says it fits) and assigns each weight from it: the weights are
+in memory several times over, and much of that stays held afterwards.
 
 Here the model is built with its variables deferred (no initializer runs),
 and each variable is created straight from its stored value, read through a
 window onto the weights entry of the archive (Keras stores it uncompressed,
-so it is one byte range of the file). Same model: peak 7.8 GB (the weights
-once, plus TensorFlow's transient copies of the largest single variable:
-3 copies of a 2.46 GB matrix here), 6.9 s, 3.4 GB held afterwards: the
-weights once over the 0.74 GB that the imports take.
+so it is one byte range of the file): the weights once, plus TensorFlow's
+transient copies of the largest single variable. Both paths' peak memory and
+time are measured by `benchmarks/big_model.py` (`benchmarks/results/big_model.json`).
 
 It follows Keras' own loading steps (`saving_lib._model_from_config`,
 `saving_lib._load_state`, `H5IOStore`), which are not public API. When they

@@ -1,15 +1,15 @@
 """Will the export fit in memory? Checked before the expensive work.
 
 An export's peak RSS grows with the weights, at a rate that depends on the
-path the weights take (`benchmarks/big_model.py`, results in
-`benchmarks/results/big_model.json`):
+path the weights take; `benchmarks/big_model.py` measures both
+(`benchmarks/results/big_model.json`), and the ratios below are set above the
+highest it measured:
 
 - On the data-file path (`uses_external_data`) the weights go to a data file
-  as they are converted, the Keras model is released before ONNX Runtime maps
-  that file, and the whole export, baseline included, peaked at 1.9-2.5x the
-  parameter bytes from 2.5 to 4.4 GB over the runs so far.
+  as they are converted, and the Keras model is released before ONNX Runtime
+  maps that file (`PEAK_PER_PARAM_BYTE_EXTERNAL`).
 - Otherwise the weights are held in the proto that onnxslim and the fusions
-  rewrite: 10.7x the parameter bytes over the baseline at 0.48 GB.
+  rewrite (`PEAK_PER_PARAM_BYTE`).
 
 The estimate takes those ratios on top of what TensorFlow and the libraries take
 by themselves, so it refuses only exports that would surely be killed.
