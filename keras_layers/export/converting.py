@@ -3,7 +3,7 @@
 `tf2onnx.convert.from_function` runs tf2onnx's twelve ONNX optimizers in a loop
 until nothing changes, deep-copying the whole graph before each one (to roll back
 a failing optimizer) and re-serialising every node after it: most of an
-export's time and memory (measured in docs/performance.md). This stage runs
+export's time and memory (`benchmarks/export_bench.py` measures it). This stage runs
 the same steps as `from_function` (freeze, convert with `process_tf_graph`,
 optimize, `make_model`) but runs each optimizer once.
 The weights are inputs of the traced function (`keras_layers/export/tracing.py`), so the
@@ -247,8 +247,8 @@ def _grappler_without_placeholder_shapes() -> Iterator[None]:
     Freezing runs Grappler's function inlining, which builds a zero-filled
     tensor for every placeholder of static shape; the weights are
     placeholders here, and TensorFlow keeps that memory until the process
-    ends (measured: +2.6 GB held for 2.47 GB of weights). Grappler gets the
-    placeholders without shapes and the result gets them back.
+    ends (as much again as the weights: `benchmarks/big_model.py`). Grappler
+    gets the placeholders without shapes and the result gets them back.
     """
     from tensorflow.python.grappler import tf_optimizer
 
