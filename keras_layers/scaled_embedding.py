@@ -11,6 +11,16 @@ def scale_factor(scale, output_dim: int) -> float:
 
     `"sqrt"` means `sqrt(output_dim)`, a positive real number is used as is and
     `None` means no scaling (a factor of 1).
+
+    Args:
+        scale: `"sqrt"`, a positive finite number, or None.
+        output_dim: the embedding width.
+
+    Returns:
+        The factor, a positive float.
+
+    Raises:
+        ValueError: `scale` is none of those.
     """
     if scale is None:
         return 1.0

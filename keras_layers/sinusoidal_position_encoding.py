@@ -20,11 +20,19 @@ _TWO_PI = 2.0 * math.pi
 def channel_frequencies(depth, max_wavelength, layout, spacing):
     """Angular frequency and phase of every channel, in float64 NumPy.
 
-    Returns `(omega, phase)`, each of shape `(depth,)`: channel `c` of the
-    encoding at position `p` is `sin(p * omega[c] + phase[c])`, with phase 0 for
-    a sine channel and pi/2 for a cosine channel. A zero-padding channel (the
-    last one of an odd `depth` in the "concat" layout) has omega = phase = 0,
-    so it is exactly `sin(0) = 0`.
+    Channel `c` of the encoding at position `p` is `sin(p * omega[c] +
+    phase[c])`, with phase 0 for a sine channel and pi/2 for a cosine channel.
+    A zero-padding channel (the last one of an odd `depth` in the "concat"
+    layout) has omega = phase = 0, so it is exactly `sin(0) = 0`.
+
+    Args:
+        depth: the number of channels.
+        max_wavelength: the longest wavelength (10000 in the paper).
+        layout: `"interleave"` or `"concat"`.
+        spacing: `"paper"` or `"tensor2tensor"` (how the frequencies are spaced).
+
+    Returns:
+        `(omega, phase)`, each a float64 array of shape `(depth,)`.
     """
     pairs = (depth + 1) // 2 if layout == "interleave" else depth // 2
     k = np.arange(pairs, dtype=np.float64)

@@ -230,6 +230,16 @@ def clone_model_keeping_ties(model, **kwargs):
     arguments go to `keras.models.clone_model` (`input_tensors`,
     `call_function`, ...).
 
+    Args:
+        model: the model to clone.
+        **kwargs: passed to `keras.models.clone_model`.
+
+    Returns:
+        The clone.
+
+    Raises:
+        ValueError: `clone_function` is given (this function sets it).
+
     Example:
 
     >>> import keras

@@ -112,7 +112,15 @@ class CachedDecoder:
         return next(iter(cache.values())).shape[2]
 
     def step(self, token_ids: np.ndarray, cache: dict) -> tuple[np.ndarray, dict]:
-        """Run the file on the new tokens: (their logits, the grown caches)."""
+        """Run the file on the new tokens.
+
+        Args:
+            token_ids: int array (batch, new tokens).
+            cache: the caches of the previous step (or `empty_cache`'s).
+
+        Returns:
+            (the new tokens' logits (batch, new tokens, vocabulary), the grown caches).
+        """
         feeds = {"input_ids": np.asarray(token_ids, self.ids_dtype), **cache}
         outputs = dict(zip(self.output_names, self.session.run(None, feeds), strict=True))
         pairs = zip(self._cache_names, self.presents, strict=True)
@@ -184,6 +192,17 @@ def next_tokens(logits, sampler="greedy", rng=None, top_k=50, top_p=0.9, tempera
     Keras do). `top_k` samples from the `top_k` largest, `top_p` from the
     fewest tokens whose probabilities add up to `top_p` (nucleus sampling),
     both from `softmax(logits / temperature)` renormalised over what is kept.
+
+    Args:
+        logits: float array (batch, vocabulary).
+        sampler: `"greedy"`, `"top_k"` or `"top_p"`.
+        rng: a `numpy.random.Generator` (for the samplers).
+        top_k: tokens kept by `"top_k"`.
+        top_p: probability mass kept by `"top_p"`.
+        temperature: logits are divided by it before sampling.
+
+    Returns:
+        int array (batch,): one token id per row.
     """
     logits = np.asarray(logits, np.float64)
     if sampler == "greedy":

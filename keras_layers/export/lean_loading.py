@@ -191,6 +191,13 @@ def load(path: Path, safe_mode: bool = True):
     keras-hub's T5 does, or whose layers assign to a variable's value
     directly, as its SigLIP text encoder does: 3 of the 89 keras-hub text
     models). Keras' loader then loads it, or says what is wrong with it.
+
+    Args:
+        path: the `.keras` archive.
+        safe_mode: Keras' safe mode (refuses Lambda layers' code).
+
+    Returns:
+        The model, or None where Keras' own loader must load it.
     """
     import keras
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+import keras_layers
 from keras_layers.export import inputs as inputs_module
 from keras_layers.export import lean_loading
 from keras_layers.export.errors import ModelLoadError, UsageError, argument, fix
@@ -406,8 +407,15 @@ def _explain_load_error(path: Path, error: Exception) -> str:
 
 
 def flatten(structure, names=None) -> list:
-    """A single tensor, a list or a dict of tensors as a flat list (dict values
-    in the order of `names` when given, else in insertion order)."""
+    """A single tensor, a list or a dict of tensors as a flat list.
+
+    Args:
+        structure: a tensor, a list or tuple, or a dict of them.
+        names: the order of a dict's values (default: insertion order).
+
+    Returns:
+        The tensors, in order.
+    """
     if isinstance(structure, dict):
         return [structure[name] for name in names] if names else list(structure.values())
     if isinstance(structure, list | tuple):
@@ -550,16 +558,25 @@ def _in_float32(model, unsafe: bool):
 
 
 def load(model, imports=(), unsafe=False, input_roles=None) -> LoadedModel:
-    """Load a `.keras` path (safe mode unless `unsafe`), or take a model in
-    memory, in float32, and describe its inputs and outputs."""
+    """Load a `.keras` path, or take a model in memory, in float32, and
+    describe its inputs and outputs.
+
+    Args:
+        model: a `keras.Model`, or the path of a `.keras` file.
+        imports: modules to import first (they register custom layers).
+        unsafe: load in Keras' unsafe mode (Lambda layers' code runs).
+        input_roles: overrides of the roles read from the model, by input name.
+
+    Returns:
+        The `LoadedModel`.
+
+    Raises:
+        UsageError: `model` is neither, an import fails, or a role is unknown.
+        ModelLoadError: the file cannot be read or holds no model.
+    """
     import keras
 
-    # Registers our layers for deserialisation (the package imports them lazily).
-    from keras_layers import (  # noqa: F401
-        ScaledEmbedding,
-        SinusoidalPositionEncoding,
-        TiedOutputDense,
-    )
+    keras_layers.ScaledEmbedding  # noqa: B018 - naming one registers the layers with Keras
 
     import_modules(list(imports))
     if isinstance(model, keras.Model):

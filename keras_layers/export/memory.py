@@ -30,8 +30,15 @@ BASELINE_BYTES = 1_200_000_000  # TensorFlow, Keras, onnxruntime loaded, no mode
 
 
 def uses_external_data(external_data: str, weight_bytes: int) -> bool:
-    """Whether the export takes the data-file path: `external_data` is
-    `"always"`, or `"auto"` with weights past `LARGE_MODEL_BYTES`."""
+    """Whether the export takes the data-file path.
+
+    Args:
+        external_data: `"always"`, `"never"` or `"auto"`.
+        weight_bytes: the model's weights, in bytes.
+
+    Returns:
+        True for `"always"`, or `"auto"` with weights past `LARGE_MODEL_BYTES`.
+    """
     return external_data == "always" or (
         external_data == "auto" and weight_bytes > LARGE_MODEL_BYTES
     )
@@ -56,8 +63,16 @@ def archive_weight_bytes(path: Path) -> int:
 
 
 def check_fits(weight_bytes: int, external: bool) -> None:
-    """Refuse (exit 2) an export whose estimated peak exceeds the memory
-    available; `external`: whether it takes the data-file path."""
+    """Refuse an export whose estimated peak exceeds the memory available.
+
+    Args:
+        weight_bytes: the model's weights, in bytes.
+        external: whether the export takes the data-file path.
+
+    Raises:
+        UsageError: the estimate exceeds what is available (exit 2); the
+            message gives both figures and the flag that skips the check.
+    """
     available = available_bytes()
     ratio = PEAK_PER_PARAM_BYTE_EXTERNAL if external else PEAK_PER_PARAM_BYTE
     need = BASELINE_BYTES + ratio * weight_bytes

@@ -3,12 +3,13 @@
 Passed to tf2onnx for one conversion as `custom_op_handlers` (`HANDLERS`), so
 nothing is registered in tf2onnx for anyone else. Each handler rewrites the TF
 node in place, as tf2onnx's built-in handlers do; the signature is tf2onnx's
-`(ctx, node, name, args)`.
+`(ctx, node, name, args)`. tf2onnx (and with it TensorFlow) is imported by
+the handlers when tf2onnx calls them, not with this module: the convert
+stage imports it at its top.
 """
 
 import numpy as np
 from onnx import TensorProto
-from tf2onnx import utils
 
 
 def erfc(ctx, node, name, args) -> None:
@@ -18,7 +19,15 @@ def erfc(ctx, node, name, args) -> None:
     `Erfc`, which tf2onnx has no handler for. The subtraction loses erfc's
     relative precision for x > 3 (where erfc < 2e-5), an absolute error below
     float32's resolution of 1, which is all gelu needs.
+
+    Args:
+        ctx: tf2onnx's graph being built.
+        node: the TensorFlow node, rewritten in place.
+        name: unused (tf2onnx's handler signature).
+        args: unused (tf2onnx's handler signature).
     """
+    from tf2onnx import utils
+
     del name, args
     dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.input[0]))
     erf = ctx.make_node("Erf", [node.input[0]], op_name_scope=node.name)
@@ -34,6 +43,12 @@ def select_v2(ctx, node, name, args) -> None:
     arithmetic turns a selected-away infinity or NaN into NaN (`inf * 0`):
     `where(x > 0, log(x), 0)` came out NaN wherever x <= 0. `SelectV2`
     broadcasts like NumPy, as `Where` does. (Speed: docs/export.md.)
+
+    Args:
+        ctx: tf2onnx's graph being built.
+        node: the TensorFlow node, rewritten in place.
+        name: unused (tf2onnx's handler signature).
+        args: unused (tf2onnx's handler signature).
     """
     del ctx, name, args
     node.type = "Where"
@@ -49,7 +64,15 @@ def xla_dynamic_update_slice(ctx, node, name, args) -> None:
     XLA, each start is clamped to `[0, operand_dim - update_dim]`, so the
     update always lies wholly inside the operand. The work is one pass over
     the operand, as the copy TensorFlow makes.
+
+    Args:
+        ctx: tf2onnx's graph being built.
+        node: the TensorFlow node, rewritten in place.
+        name: unused (tf2onnx's handler signature).
+        args: unused (tf2onnx's handler signature).
     """
+    from tf2onnx import utils
+
     del name, args
     operand, update, starts = node.input
     scope = {"op_name_scope": node.name}

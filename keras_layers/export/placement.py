@@ -48,8 +48,16 @@ def failed_path(path: Path) -> Path:
 
 
 def data_name(onnx_name: str, digest: str) -> str:
-    """The data file of `NAME.onnx` is `NAME.onnx.<digest>.data`: named by its
-    content, so a new data file never replaces the one an older graph reads."""
+    """The name of a graph's data file, named by its content, so that a new
+    data file never replaces the one an older graph reads.
+
+    Args:
+        onnx_name: the graph's file name, `NAME.onnx`.
+        digest: the data's content hash (`file_digest`).
+
+    Returns:
+        `NAME.onnx.<digest>.data`.
+    """
     return f"{onnx_name}.{digest}.data"
 
 
@@ -127,7 +135,15 @@ def _check_writable_file(path: Path, name: str) -> None:
 
 def check_targets(targets: Targets, source: Path | None) -> None:
     """Fail before any work if the outputs cannot be written, or would collide
-    with each other or with the model being exported."""
+    with each other or with the model being exported.
+
+    Args:
+        targets: the final paths of the export's files.
+        source: the `.keras` file being exported, if any.
+
+    Raises:
+        OutputError: a path cannot be written, or two of them are one file.
+    """
     _check_writable_file(targets.onnx, "output")
     _check_writable_file(targets.report, "report_path")
     failed = targets.failed()
@@ -200,7 +216,12 @@ def _umask() -> int:
 
 
 def write_json(data: dict, path: Path) -> None:
-    """Write `data` as indented JSON (for a staged report)."""
+    """Write `data` as indented JSON (for a staged report).
+
+    Args:
+        data: the report.
+        path: the file to write.
+    """
     with open(path, "w") as file:
         json.dump(data, file, indent=2, default=float)
         file.write("\n")

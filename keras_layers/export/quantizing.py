@@ -85,6 +85,13 @@ def share_tied_int8(proto, transposed: dict) -> int:
     per-tensor int8 of `E^T` transposed *is* symmetric per-tensor int8 of `E`,
     so the table is replaced by it (with its scale and zero point), and
     deduplication can then store the matrix once.
+
+    Args:
+        proto: the quantized model, changed in place.
+        transposed: the projection's weight name -> the lookup table's name.
+
+    Returns:
+        How many tables now share their projection's int8 values.
     """
     initializers = {init.name: init for init in proto.graph.initializer}
     shared = 0
