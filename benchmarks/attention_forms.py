@@ -130,13 +130,14 @@ def export_both(model, folder: Path, switch: str = "attention") -> dict:
     import importlib
 
     from keras_layers.export import export_model
+    from keras_layers.export.options import ExportOptions
 
     module, function, _ = SWITCHES[switch]
     paths = {name: folder / f"{name}.onnx" for name in ("fused", "unfused")}
     shapes = [(2, 16), "padded"]
-    export_model(model, paths["fused"], shapes=shapes)
+    export_model(model, paths["fused"], ExportOptions(shapes=shapes))
     with mock.patch.object(importlib.import_module(module), function, return_value=0):
-        export_model(model, paths["unfused"], shapes=shapes)
+        export_model(model, paths["unfused"], ExportOptions(shapes=shapes))
     return paths
 
 

@@ -72,12 +72,13 @@ def measure(kind: str, sizes: dict, prompt: int, new: int, rounds: int, folder: 
     import onnxruntime as ort
 
     from keras_layers.export import CachedDecoder, export_model
+    from keras_layers.export.options import ExportOptions
     from keras_layers.export.quantizing import quantize_int8
 
     model = build(kind, sizes)
     cache_file, forward_file = folder / f"{kind}.onnx", folder / f"{kind}.forward.onnx"
     export_model(model, cache_file, task="causal-lm")
-    export_model(model, forward_file, shapes=[(1, 7), (2, prompt + new)])
+    export_model(model, forward_file, ExportOptions(shapes=[(1, 7), (2, prompt + new)]))
     int8_file = folder / f"{kind}.int8.onnx"
     quantize_int8(cache_file, int8_file)
     decoders = {"ort_cache": CachedDecoder(cache_file), "int8_cache": CachedDecoder(int8_file)}

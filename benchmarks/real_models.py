@@ -307,10 +307,13 @@ def export_ours(model, path: Path, share_shapes: bool = True) -> None:
     from unittest import mock
 
     from keras_layers.export import dims, export_model
+    from keras_layers.export.options import ExportOptions
 
     unshared = mock.patch.object(dims, "share_equal_shapes", return_value=0)
     with unshared if not share_shapes else contextlib.nullcontext():
-        report = export_model(model, path, report_path=path.with_suffix(".report.json"))
+        report = export_model(
+            model, path, ExportOptions(report_path=path.with_suffix(".report.json"))
+        )
     if not report["passed"]:
         raise RuntimeError(f"our export failed its own validation: {path}")
 

@@ -37,6 +37,7 @@ def graph_before_rms_norms(sizes: dict):
     import tempfile
 
     from keras_layers.export import export_model, fusions
+    from keras_layers.export.options import ExportOptions
 
     model = attention_forms.build("LlamaBackbone", sizes)
     seen = {}
@@ -50,7 +51,7 @@ def graph_before_rms_norms(sizes: dict):
         tempfile.TemporaryDirectory() as folder,
         mock.patch.object(fusions, "fuse_rms_norms", keep),
     ):
-        export_model(model, Path(folder) / "llama.onnx", shapes=[(1, 8)])
+        export_model(model, Path(folder) / "llama.onnx", ExportOptions(shapes=[(1, 8)]))
     return seen["proto"], seen["shapes"]
 
 

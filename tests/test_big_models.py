@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from keras_layers.export import export_model, validating
 from keras_layers.export.converting import DATA_ALIGNMENT, EXTERNAL_MIN_BYTES
 from keras_layers.export.loading import load
+from keras_layers.export.options import ExportOptions
 from keras_layers.export.slimming import _reshaped_dims, fold_weight_views
 from tests import models
 from tests.zoo_models import redraw
@@ -45,7 +46,7 @@ def test_weights_stream_to_an_aligned_data_file(tmp_path):
     _bert_like().save(path)
     out = tmp_path / "bert.onnx"
 
-    report = export_model(path, out, shapes=SHAPES, external_data="always")
+    report = export_model(path, out, ExportOptions(shapes=SHAPES, external_data="always"))
 
     assert report["passed"] and report["external_data"]
     proto = onnx.load(str(out), load_external_data=False)
@@ -67,8 +68,8 @@ def test_the_external_path_gives_the_in_memory_paths_outputs(tmp_path):
     path = tmp_path / "bert.keras"
     _bert_like().save(path)
     inside, outside = tmp_path / "in.onnx", tmp_path / "out.onnx"
-    export_model(path, inside, shapes=SHAPES, external_data="never")
-    export_model(path, outside, shapes=SHAPES, external_data="always")
+    export_model(path, inside, ExportOptions(shapes=SHAPES, external_data="never"))
+    export_model(path, outside, ExportOptions(shapes=SHAPES, external_data="always"))
     loaded = load(path)
     feeds = validating.make_inputs(loaded, (2, 9), np.random.default_rng(7))
 
@@ -93,7 +94,9 @@ def test_the_model_is_released_before_onnx_runtime_validates(tmp_path, monkeypat
     monkeypatch.setattr(validating, "validate", validate)
 
     report = export_model(
-        path, tmp_path / "t.onnx", shapes=SHAPES, external_data="always", quantize="int8"
+        path,
+        tmp_path / "t.onnx",
+        ExportOptions(shapes=SHAPES, external_data="always", quantize="int8"),
     )
 
     assert report["passed"] and report["int8"]["passed"]
@@ -103,7 +106,7 @@ def test_the_model_is_released_before_onnx_runtime_validates(tmp_path, monkeypat
 
 def test_a_model_in_memory_is_never_released(tmp_path):
     model = models.tied_encoder()
-    export_model(model, tmp_path / "t.onnx", shapes=SHAPES, external_data="always")
+    export_model(model, tmp_path / "t.onnx", ExportOptions(shapes=SHAPES, external_data="always"))
     assert all(v.value is not None for v in model.variables)
     assert model(np.ones((1, 3), "int32")).shape[-1] > 0
 
@@ -112,7 +115,7 @@ def test_references_are_the_inputs_and_outputs_validate_makes(tmp_path):
     path = tmp_path / "tied.keras"
     models.tied_encoder().save(path)
     out = tmp_path / "t.onnx"
-    export_model(path, out, shapes=SHAPES)
+    export_model(path, out, ExportOptions(shapes=SHAPES))
     loaded = load(path)
 
     with_references = validating.validate(

@@ -25,6 +25,7 @@ from keras_layers.export import (
     generate,
 )
 from keras_layers.export.generation import CachedDecoder
+from keras_layers.export.options import ExportOptions
 from tests import zoo_models
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
@@ -229,7 +230,9 @@ def test_a_failed_check_exits_1_and_places_nothing(tmp_path):
     the output path stays empty and the files are kept under .failed names."""
     output = tmp_path / "gpt2.onnx"
     with pytest.raises(ValidationFailed) as caught:
-        export_model(keras_hub_lm("gpt2"), output, task="causal-lm", atol=0.0, rtol=0.0)
+        export_model(
+            keras_hub_lm("gpt2"), output, ExportOptions(atol=0.0, rtol=0.0), task="causal-lm"
+        )
     assert caught.value.exit_code == 1
     assert not output.exists()
     assert (tmp_path / "gpt2.failed.onnx").exists()
@@ -253,8 +256,12 @@ def test_a_model_without_the_protocol_is_refused_with_the_fix(tmp_path):
     ],
 )
 def test_options_that_do_not_fit_the_task_are_refused_before_any_work(tmp_path, options, message):
+    options = dict(options)
+    task = options.pop("task")
     with pytest.raises(UsageError, match=message):
-        export_model(tmp_path / "missing.keras", tmp_path / "x.onnx", **options)
+        export_model(
+            tmp_path / "missing.keras", tmp_path / "x.onnx", ExportOptions(**options), task=task
+        )
 
 
 def test_the_command_needs_a_model_for_causal_lm(tmp_path):
@@ -360,7 +367,7 @@ def test_a_forward_file_is_not_taken_for_a_decoder(tmp_path):
     ids = keras.Input((None,), dtype="int32", name="token_ids")
     model = keras.Model(ids, keras.layers.Embedding(10, 4)(ids))
     path = tmp_path / "forward.onnx"
-    export_model(model, path, shapes=[(1, 3)])
+    export_model(model, path, ExportOptions(shapes=[(1, 3)]))
     with pytest.raises(ValueError, match="--task causal-lm"):
         generate(path, [[1, 2]], 2)
 

@@ -8,6 +8,7 @@ import onnxruntime as ort
 import pytest
 
 from keras_layers.export import export_model
+from keras_layers.export.options import ExportOptions
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 
@@ -96,7 +97,7 @@ def test_the_tutorial_transformer_encoder_exports(tmp_path):
     expected = keras.ops.convert_to_numpy(model(ids))
     model.save(tmp_path / "tutorial.keras")
     report = export_model(
-        tmp_path / "tutorial.keras", tmp_path / "t.onnx", shapes=[(1, 7), (2, 64)]
+        tmp_path / "tutorial.keras", tmp_path / "t.onnx", ExportOptions(shapes=[(1, 7), (2, 64)])
     )
     assert report["passed"]
     session = ort.InferenceSession(str(tmp_path / "t.onnx"), providers=["CPUExecutionProvider"])
@@ -109,7 +110,7 @@ def test_a_fixed_position_table_is_reported_as_a_constant_not_a_weight(tmp_path)
     keras.utils.set_random_seed(0)
     model = TutorialEncoder()
     model(padded_ids(np.random.default_rng(0)))
-    report = export_model(model, tmp_path / "t.onnx", shapes=[(1, 7)])
+    report = export_model(model, tmp_path / "t.onnx", ExportOptions(shapes=[(1, 7)]))
     assert report["passed"] and report["unused_weights"] == []
     assert report["param_bytes"] == 4 * model.count_params()
     assert report["constant_bytes"] >= model.table.nbytes  # the 64 x 16 float32 table

@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 
 from keras_layers.export import export_model
+from keras_layers.export.options import ExportOptions
 
 # The export runs on TensorFlow; the models come from the other backends, which
 # the `backends` extra installs (CI runs these with -m cross_backend).
@@ -49,7 +50,9 @@ def test_model_saved_under_another_backend_exports(tmp_path, backend):
         timeout=600,
         cwd=Path(__file__).resolve().parent.parent,
     )
-    report = export_model(model_path, tmp_path / "model.onnx", shapes=[(2, 7), "padded"])
+    report = export_model(
+        model_path, tmp_path / "model.onnx", ExportOptions(shapes=[(2, 7), "padded"])
+    )
     assert report["passed"]
     saved = np.load(outputs_path)
     session = ort.InferenceSession(str(tmp_path / "model.onnx"))

@@ -259,13 +259,16 @@ def test_every_claimed_dim_is_the_run_time_dim_on_keras_hub_models(tmp_path, kin
     import keras_hub
 
     from keras_layers.export import export_model
+    from keras_layers.export.options import ExportOptions
 
     path = tmp_path / "model.onnx"
     if kind == "llama with its cache":
         model = keras_hub.models.LlamaCausalLM(_keras_hub_model("llama"), preprocessor=None)
         report = export_model(model, path, task="causal-lm")
     else:
-        report = export_model(_keras_hub_model(kind), path, shapes=[(2, 6), "padded"])
+        report = export_model(
+            _keras_hub_model(kind), path, ExportOptions(shapes=[(2, 6), "padded"])
+        )
     if kind != "bart":  # each decoder layer's mask and rotary tables
         assert report["graph"]["shapes_shared"] > 0
     proto = onnx.load(path)

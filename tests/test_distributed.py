@@ -18,6 +18,7 @@ import pytest
 
 import keras_layers  # noqa: F401 - registers the layers for load_model
 from keras_layers.export import export_model
+from keras_layers.export.options import ExportOptions
 
 pytestmark = pytest.mark.tensorflow_only
 
@@ -50,7 +51,9 @@ def check_exports(model_path, tmp_path):
     reloaded = keras.saving.load_model(model_path, compile=False)
     matrices = [v for v in reloaded.weights if v.path.endswith("embeddings")]
     assert len(matrices) == 1, [v.path for v in reloaded.weights]
-    report = export_model(model_path, tmp_path / f"{model_path.stem}.onnx", shapes=[(2, 9)])
+    report = export_model(
+        model_path, tmp_path / f"{model_path.stem}.onnx", ExportOptions(shapes=[(2, 9)])
+    )
     assert report["passed"]
     assert report["graph"]["shared_weights"][0]["read_by"] == ["Gather", "Transpose"]
     # The file's logits are the trained model's: compare with the saved probe.

@@ -13,6 +13,8 @@ MODULES = [
     "keras_layers.demo.decoder",
     # The export pipeline runs on TensorFlow.
     pytest.param("keras_layers.export.pipeline", marks=pytest.mark.tensorflow_only),
+    # Checking the opset asks tf2onnx, which imports TensorFlow.
+    pytest.param("keras_layers.export.options", marks=pytest.mark.tensorflow_only),
     # Exports a decoder first (module docstring), then generates from it.
     pytest.param("keras_layers.export.generation", marks=pytest.mark.tensorflow_only),
 ]

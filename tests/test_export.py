@@ -16,6 +16,7 @@ from models import dict_model, sample_ids, save, sequential_model, tied_encoder
 from keras_layers import ScaledEmbedding, SinusoidalPositionEncoding, TiedOutputDense
 from keras_layers.export import ValidationFailed, export_model
 from keras_layers.export.cli import main
+from keras_layers.export.options import ExportOptions
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 
@@ -111,7 +112,7 @@ def test_tied_matrix_is_stored_once(encoder_export):
 
 def test_dict_inputs_and_outputs(tmp_path):
     model_path = save(dict_model(), tmp_path / "dict.keras")
-    report = export_model(model_path, tmp_path / "dict.onnx", shapes=QUICK_SHAPES)
+    report = export_model(model_path, tmp_path / "dict.onnx", ExportOptions(shapes=QUICK_SHAPES))
     assert report["passed"]
     assert [i["name"] for i in report["inputs"]] == [
         "token_ids",
@@ -127,7 +128,7 @@ def test_dict_inputs_and_outputs(tmp_path):
 
 def test_sequential_model(tmp_path):
     model_path = save(sequential_model(), tmp_path / "seq.keras")
-    report = export_model(model_path, tmp_path / "seq.onnx", shapes=[(2, 5)])
+    report = export_model(model_path, tmp_path / "seq.onnx", ExportOptions(shapes=[(2, 5)]))
     assert report["passed"]
 
 
@@ -136,7 +137,7 @@ def test_mixed_precision_model_exports_in_float32(tmp_path, policy):
     model = tied_encoder(layers=1)
     model_path = save(model, tmp_path / "mixed.keras")
     policy("float32")
-    report = export_model(model_path, tmp_path / "mixed.onnx", shapes=QUICK_SHAPES)
+    report = export_model(model_path, tmp_path / "mixed.onnx", ExportOptions(shapes=QUICK_SHAPES))
     assert report["passed"]
     assert "mixed_float16" in report["exported_from_policies"]
     proto = onnx.load(tmp_path / "mixed.onnx")
@@ -151,7 +152,7 @@ def test_failed_validation_keeps_the_good_file(tmp_path, encoder_export):
     output.write_bytes(good_output.read_bytes())
     before = output.read_bytes()
     with pytest.raises(ValidationFailed) as raised:
-        export_model(model_path, output, atol=0.0, rtol=0.0, shapes=[(8, 64)])
+        export_model(model_path, output, ExportOptions(atol=0.0, rtol=0.0, shapes=[(8, 64)]))
     assert output.read_bytes() == before
     report = raised.value.report
     assert report["passed"] is False
@@ -376,7 +377,9 @@ def test_subclassed_model(tmp_path):
     model = SubclassedEncoder()
     model(np.zeros((1, 3), "int32"))
     model.save(tmp_path / "sub.keras")
-    report = export_model(tmp_path / "sub.keras", tmp_path / "sub.onnx", shapes=[(2, 5)])
+    report = export_model(
+        tmp_path / "sub.keras", tmp_path / "sub.onnx", ExportOptions(shapes=[(2, 5)])
+    )
     assert report["passed"]
     assert report["inputs"][0]["dtype"] == "int32"
     assert report["inputs"][0]["shape"] == ["batch", "sequence"]
@@ -468,7 +471,9 @@ def test_fused_attention_masks_padded_rows_as_keras_does():
 def test_old_opsets_export_without_the_ops_they_lack(tmp_path):
     """`LayerNormalization` needs opset 17 and the fused attention's `Shape` 15."""
     model_path = save(tied_encoder(), tmp_path / "encoder.keras")
-    report = export_model(model_path, tmp_path / "old.onnx", shapes=QUICK_SHAPES, opset=13)
+    report = export_model(
+        model_path, tmp_path / "old.onnx", ExportOptions(shapes=QUICK_SHAPES, opset=13)
+    )
     assert report["passed"] and report["opset"] == 13
     assert report["graph"]["fused"]["LayerNormalization"] == 0
     assert report["graph"]["fused"]["MultiHeadAttention"] == 0
@@ -482,14 +487,14 @@ def test_causal_decoder_attention_is_fused_and_validates(tmp_path):
     x = keras.layers.Embedding(60, 16, mask_zero=True)(ids)
     x = keras_hub.layers.TransformerDecoder(intermediate_dim=32, num_heads=2)(x)
     model_path = save(keras.Model(ids, keras.layers.Dense(60)(x)), tmp_path / "decoder.keras")
-    report = export_model(model_path, tmp_path / "decoder.onnx", shapes=QUICK_SHAPES)
+    report = export_model(model_path, tmp_path / "decoder.onnx", ExportOptions(shapes=QUICK_SHAPES))
     assert report["passed"]
     assert report["graph"]["fused"]["MultiHeadAttention"] == 1
 
 
 def test_a_model_in_memory_exports_without_saving_it_first(tmp_path):
     model = tied_encoder(layers=1, name="in_memory")
-    report = export_model(model, tmp_path / "mem.onnx", shapes=[(2, 5), "padded"])
+    report = export_model(model, tmp_path / "mem.onnx", ExportOptions(shapes=[(2, 5), "padded"]))
     assert report["passed"]
     assert report["source_model"] == "in memory: in_memory"
     session = ort.InferenceSession(str(tmp_path / "mem.onnx"), providers=["CPUExecutionProvider"])
@@ -503,7 +508,7 @@ def test_a_mixed_precision_model_in_memory_is_exported_in_float32(tmp_path, poli
     policy("mixed_float16")
     model = tied_encoder(layers=1)
     policy("float32")
-    report = export_model(model, tmp_path / "half.onnx", shapes=[(2, 5)])
+    report = export_model(model, tmp_path / "half.onnx", ExportOptions(shapes=[(2, 5)]))
     assert report["passed"] and "mixed_float16" in report["exported_from_policies"]
     assert model.get_layer("token_embedding").dtype_policy.name == "mixed_float16"  # untouched
 
@@ -526,7 +531,7 @@ def test_api_errors_name_the_api_argument(tmp_path, kwargs, words):
 
     model = tied_encoder(layers=1)
     with pytest.raises(UsageError) as raised:
-        export_model(model, tmp_path / "x.onnx", **kwargs)
+        export_model(model, tmp_path / "x.onnx", ExportOptions(**kwargs))
     message = str(raised.value)
     for word in words:
         assert word in message, message
@@ -553,11 +558,13 @@ def test_nan_in_keras_own_outputs_fails_unless_allowed(tmp_path):
     inputs = keras.Input((4,), name="x")
     model = keras.Model(inputs, Log(name="log")(inputs))
     with pytest.raises(ValidationFailed, match="NaN or infinity") as raised:
-        export_model(model, tmp_path / "nan.onnx", shapes=[(8, 4)])
+        export_model(model, tmp_path / "nan.onnx", ExportOptions(shapes=[(8, 4)]))
     (check,) = raised.value.report["checks"]
     assert 0.2 < check["keras_nonfinite"] < 0.8
     assert "allow_nonfinite=True" in check["problem"]
-    report = export_model(model, tmp_path / "nan.onnx", shapes=[(8, 4)], allow_nonfinite=True)
+    report = export_model(
+        model, tmp_path / "nan.onnx", ExportOptions(shapes=[(8, 4)], allow_nonfinite=True)
+    )
     assert report["passed"] and report["checks"][0]["keras_nonfinite"] > 0.2
 
 
@@ -573,7 +580,7 @@ def test_the_padded_point_has_a_row_of_padding_only_and_its_nan_is_compared(tmp_
     model = keras.Model(ids, keras.layers.GlobalAveragePooling1D()(hidden))
     feeds = make_inputs(load(model), "padded", np.random.default_rng(0))
     assert not feeds["ids"][-1].any() and feeds["ids"][:-1, 0].all()  # the last row: padding
-    report = export_model(model, tmp_path / "mean.onnx", shapes=["padded"])
+    report = export_model(model, tmp_path / "mean.onnx", ExportOptions(shapes=["padded"]))
     (check,) = report["checks"]
     assert report["passed"] and 0 < check["keras_nonfinite"] < 0.25
 
@@ -602,7 +609,7 @@ class ScaleByEagerConstant(keras.layers.Layer):
 def test_a_captured_constant_is_folded_not_a_graph_input(tmp_path):
     inputs = keras.Input((4,), name="x")
     model = keras.Model(inputs, ScaleByEagerConstant()(inputs))
-    report = export_model(model, tmp_path / "c.onnx", shapes=[(2, 4)])
+    report = export_model(model, tmp_path / "c.onnx", ExportOptions(shapes=[(2, 4)]))
     assert report["passed"]
     assert [i.name for i in onnx.load(tmp_path / "c.onnx").graph.input] == ["x"]
 
@@ -620,7 +627,7 @@ def test_gemma_backbone_exports_with_its_captured_scale(tmp_path):
         intermediate_dim=32,
         head_dim=8,
     )
-    report = export_model(model, tmp_path / "gemma.onnx", shapes=[(2, 5), "padded"])
+    report = export_model(model, tmp_path / "gemma.onnx", ExportOptions(shapes=[(2, 5), "padded"]))
     assert report["passed"]
     names = sorted(i.name for i in onnx.load(tmp_path / "gemma.onnx").graph.input)
     assert names == ["padding_mask", "token_ids"]
@@ -648,7 +655,7 @@ def test_python_control_flow_on_data_is_a_clear_conversion_error(tmp_path):
     inputs = keras.Input((4,), name="x")
     model = keras.Model(inputs, BranchOnData()(inputs))
     with pytest.raises(ConversionError, match="cannot be traced into a static graph"):
-        export_model(model, tmp_path / "b.onnx", shapes=[(2, 4)])
+        export_model(model, tmp_path / "b.onnx", ExportOptions(shapes=[(2, 4)]))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -659,5 +666,5 @@ def test_a_quick_gelu_onnx_runtime_cannot_read_is_left_alone(tmp_path):
     hidden = keras.layers.Embedding(10, 8)(ids)
     gelu = keras.layers.Activation(lambda t: t * keras.ops.sigmoid(1.702 * t))(hidden)
     model = keras.Model(ids, keras.layers.Dense(4)(gelu))
-    report = export_model(model, tmp_path / "q.onnx", shapes=[(2, 5)], unsafe=True)
+    report = export_model(model, tmp_path / "q.onnx", ExportOptions(shapes=[(2, 5)], unsafe=True))
     assert report["passed"]

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from keras_layers.export import export_model, fusions
+from keras_layers.export.options import ExportOptions
 from keras_layers.export.slimming import remove_dead_nodes
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
@@ -64,7 +65,7 @@ def encoder(kind):
 def exported(request, tmp_path_factory):
     model = encoder(request.param)
     path = tmp_path_factory.mktemp(request.param) / f"{request.param}.onnx"
-    report = export_model(model, path, shapes=SHAPES)
+    report = export_model(model, path, ExportOptions(shapes=SHAPES))
     return request.param, model, path, report
 
 

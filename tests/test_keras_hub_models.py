@@ -13,6 +13,7 @@ import pytest
 
 from keras_layers.export import UsageError, export_model
 from keras_layers.export.cli import main
+from keras_layers.export.options import ExportOptions
 from keras_layers.export.validating import make_inputs
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
@@ -76,7 +77,7 @@ def test_asking_beyond_the_position_table_is_exit_2_naming_the_limit(tmp_path, c
     err = capsys.readouterr().err
     assert code == 2 and "16 positions" in err and "position_embedding" in err
     with pytest.raises(UsageError, match="at most 16"):
-        export_model(path, tmp_path / "b.onnx", shapes=[(1, 17)])
+        export_model(path, tmp_path / "b.onnx", ExportOptions(shapes=[(1, 17)]))
 
 
 def test_mask_positions_are_positions_not_a_padding_mask(tmp_path):
@@ -134,7 +135,9 @@ def test_an_input_role_can_be_overridden(tmp_path, capsys):
     path = tmp_path / "m.keras"
     model.save(path)
     report = export_model(
-        path, tmp_path / "m.onnx", shapes=[(2, 5)], input_roles={"flags": "ids@tokens"}
+        path,
+        tmp_path / "m.onnx",
+        ExportOptions(shapes=[(2, 5)], input_roles={"flags": "ids@tokens"}),
     )
     assert report["inputs"][0]["shape"] == ["batch", "tokens"]
     assert main([str(path), "--input", "flags=ids@words", "--shapes", "2x5"]) == 0
@@ -159,7 +162,7 @@ def test_weights_the_outputs_never_read_are_listed_not_counted(tmp_path):
         hidden_dim=16,
         intermediate_dim=32,
     )
-    report = export_model(redrawn(model), tmp_path / "llama.onnx", shapes=[(2, 5)])
+    report = export_model(redrawn(model), tmp_path / "llama.onnx", ExportOptions(shapes=[(2, 5)]))
     assert report["passed"]
     unused = {entry["name"]: entry["bytes"] for entry in report["unused_weights"]}
     assert list(unused) == ["token_embedding/reverse_embeddings"]
@@ -181,7 +184,7 @@ def test_position_ids_are_one_per_token(tmp_path):
     x = keras.layers.Reshape((-1, 1, 8))(keras.layers.Embedding(10, 8)(ids))
     y = keras_hub.layers.RotaryEmbedding()(x, positions=position_ids)
     model = keras.Model({"token_ids": ids, "position_ids": position_ids}, y)
-    report = export_model(model, tmp_path / "p.onnx", shapes=[(1, 64), (2, 7)])
+    report = export_model(model, tmp_path / "p.onnx", ExportOptions(shapes=[(1, 64), (2, 7)]))
     assert report["passed"]
     axes = {entry["name"]: entry["shape"] for entry in report["inputs"]}
     assert axes["position_ids"] == ["batch", "sequence"]

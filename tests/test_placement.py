@@ -16,6 +16,7 @@ from models import VOCAB, save, tied_encoder
 
 from keras_layers.export import ValidationFailed, export_model, placement
 from keras_layers.export.cli import main
+from keras_layers.export.options import ExportOptions
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 
@@ -100,10 +101,16 @@ def test_markup_in_paths_is_printed_as_written(tmp_path, model_path, capsys, fol
 def test_a_failed_export_changes_no_file_of_the_user(tmp_path, model_path):
     """Float file, data file, int8 file and report: all as they were."""
     out = tmp_path / "m.onnx"
-    export_model(model_path, out, shapes=[(1, 4)], external_data="always", quantize="int8")
+    export_model(
+        model_path, out, ExportOptions(shapes=[(1, 4)], external_data="always", quantize="int8")
+    )
     before = snapshot(tmp_path)
     with pytest.raises(ValidationFailed) as raised:
-        export_model(model_path, out, shapes=[(1, 4)], external_data="always", atol=0.0, rtol=0.0)
+        export_model(
+            model_path,
+            out,
+            ExportOptions(shapes=[(1, 4)], external_data="always", atol=0.0, rtol=0.0),
+        )
     after = snapshot(tmp_path)
     assert {name: after[name] for name in before} == before
     failed = tmp_path / "m.failed.onnx"
@@ -118,11 +125,11 @@ def test_a_failing_int8_check_places_nothing(tmp_path, model_path, monkeypatch):
     from keras_layers.export import validating
 
     out = tmp_path / "m.onnx"
-    export_model(model_path, out, shapes=[(1, 4)], quantize="int8")
+    export_model(model_path, out, ExportOptions(shapes=[(1, 4)], quantize="int8"))
     before = snapshot(tmp_path)
     monkeypatch.setattr(validating, "INT8_MIN_TOP1", 1.01)  # no int8 file can pass
     with pytest.raises(ValidationFailed, match="int8 validation failed") as raised:
-        export_model(model_path, out, shapes=[(1, 4)], quantize="int8")
+        export_model(model_path, out, ExportOptions(shapes=[(1, 4)], quantize="int8"))
     after = snapshot(tmp_path)
     assert {name: after[name] for name in before} == before
     assert "Nothing was placed" in str(raised.value)
@@ -135,7 +142,7 @@ def test_ctrl_c_in_the_int8_stage_leaves_every_file_as_it_was(
     from keras_layers.export import quantizing
 
     out = tmp_path / "m.onnx"
-    export_model(model_path, out, shapes=[(1, 4)], quantize="int8")
+    export_model(model_path, out, ExportOptions(shapes=[(1, 4)], quantize="int8"))
     before = snapshot(tmp_path)
 
     def interrupted(*args, **kwargs):
@@ -179,7 +186,7 @@ def test_external_data_is_replaced_atomically(tmp_path, model_path, monkeypatch)
     """New data is placed under a new name first, then the graph; a failure
     between the two leaves the old graph reading its old, intact data."""
     out = tmp_path / "m.onnx"
-    export_model(model_path, out, shapes=[(1, 4)], external_data="always")
+    export_model(model_path, out, ExportOptions(shapes=[(1, 4)], external_data="always"))
     (old_data,) = placement._data_files_read_by(out)
     expected = logits(out)
     other = save(tied_encoder(layers=2, name="other"), tmp_path / "other.keras")  # new weights
@@ -195,13 +202,13 @@ def test_external_data_is_replaced_atomically(tmp_path, model_path, monkeypatch)
 
     monkeypatch.setattr(placement.os, "replace", fail_on_the_graph)
     with pytest.raises(OSError):
-        export_model(other, out, shapes=[(1, 4)], external_data="always")
+        export_model(other, out, ExportOptions(shapes=[(1, 4)], external_data="always"))
     monkeypatch.undo()
     assert calls[0].endswith(".data") and calls[0] != old_data.name  # data first, new name
     assert placement._data_files_read_by(out) == {old_data}
     np.testing.assert_array_equal(logits(out), expected)
     # A successful replacement removes the data file only the old graph read.
-    export_model(other, out, shapes=[(1, 4)], external_data="always")
+    export_model(other, out, ExportOptions(shapes=[(1, 4)], external_data="always"))
     assert not old_data.exists()
     (new_data,) = placement._data_files_read_by(out)
     assert new_data.exists() and new_data.name.startswith("m.onnx.")
@@ -214,7 +221,9 @@ def test_external_data_always_works_when_every_tensor_is_small(tmp_path):
 
     ids = keras.Input((None,), dtype="int32", name="token_ids")
     model = keras.Model(ids, ScaledEmbedding(5, 2)(ids))
-    report = export_model(model, tmp_path / "s.onnx", shapes=[(1, 3)], external_data="always")
+    report = export_model(
+        model, tmp_path / "s.onnx", ExportOptions(shapes=[(1, 3)], external_data="always")
+    )
     assert report["passed"] and report["external_data"]
 
 
@@ -225,9 +234,7 @@ def test_every_file_follows_the_umask(tmp_path, model_path, umask):
         export_model(
             model_path,
             tmp_path / "m.onnx",
-            shapes=[(1, 4)],
-            external_data="always",
-            quantize="int8",
+            ExportOptions(shapes=[(1, 4)], external_data="always", quantize="int8"),
         )
     finally:
         os.umask(previous)

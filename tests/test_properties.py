@@ -131,6 +131,7 @@ def test_random_encoders_export_and_validate(
 ):
     from keras_layers.demo import EncoderConfig, build_encoder
     from keras_layers.export import export_model
+    from keras_layers.export.options import ExportOptions
 
     width = heads * head_width
     config = EncoderConfig(
@@ -139,6 +140,8 @@ def test_random_encoders_export_and_validate(
     model = build_encoder(config)
     directory = tmp_path_factory.mktemp("random_encoder")
     model.save(directory / "m.keras")
-    report = export_model(directory / "m.keras", directory / "m.onnx", shapes=[(2, 9), "padded"])
+    report = export_model(
+        directory / "m.keras", directory / "m.onnx", ExportOptions(shapes=[(2, 9), "padded"])
+    )
     assert report["passed"]
     assert report["graph"]["shared_weights"]

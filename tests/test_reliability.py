@@ -18,6 +18,7 @@ from models import VOCAB, save, tied_encoder
 
 from keras_layers.export import export_model
 from keras_layers.export.cli import main
+from keras_layers.export.options import ExportOptions
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 
@@ -42,7 +43,7 @@ def model_and_good_file(tmp_path_factory):
     directory = tmp_path_factory.mktemp("reliable")
     model = save(tied_encoder(layers=1), directory / "model.keras")
     good = directory / "good.onnx"
-    export_model(model, good, shapes=[(1, 4)])
+    export_model(model, good, ExportOptions(shapes=[(1, 4)]))
     return model, good
 
 

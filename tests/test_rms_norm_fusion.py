@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from keras_layers.export import export_model, fusions
+from keras_layers.export.options import ExportOptions
 from tests import zoo_models
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
@@ -37,7 +38,7 @@ def llama(redrawn: bool):
 @pytest.mark.parametrize("redrawn", [False, True], ids=["initial scales", "redrawn scales"])
 def test_every_rms_norm_of_llama_is_fused_and_the_export_matches_keras(redrawn, tmp_path):
     path = tmp_path / "llama.onnx"
-    report = export_model(llama(redrawn), path, shapes=[(2, 16), "padded"])
+    report = export_model(llama(redrawn), path, ExportOptions(shapes=[(2, 16), "padded"]))
     assert report["passed"]
     ops = [node.op_type for node in onnx.load(path).graph.node]
     # Two per layer and the final one.

@@ -15,6 +15,7 @@ import pytest
 from keras import ops
 
 from keras_layers.export import export_model
+from keras_layers.export.options import ExportOptions
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 
@@ -73,7 +74,7 @@ def test_keras_hub_rotary_embedding_is_fused_and_matches_roformer(arguments, tmp
 
     model = model_around(keras_hub.layers.RotaryEmbedding(**arguments))
     path = tmp_path / "rope.onnx"
-    report = export_model(model, path, shapes=SHAPES)
+    report = export_model(model, path, ExportOptions(shapes=SHAPES))
     assert report["passed"] and report["graph"]["fused"]["RotaryEmbedding"] == 1
     found = ops_of(path)
     assert found.count("RotaryEmbedding") == 1 and "Neg" not in found and "Split" not in found
@@ -94,7 +95,7 @@ def test_a_rotation_of_two_features_is_fused(tmp_path):
 
     model = model_around(keras_hub.layers.RotaryEmbedding(), size=2)
     path = tmp_path / "two.onnx"
-    report = export_model(model, path, shapes=SHAPES)
+    report = export_model(model, path, ExportOptions(shapes=SHAPES))
     assert report["passed"] and report["graph"]["fused"]["RotaryEmbedding"] == 1
     ids = np.random.default_rng(4).integers(0, VOCAB, (2, 9)).astype(np.int32)
     expected = rotate(embedded(model, ids), np.arange(9)[None])
@@ -124,7 +125,7 @@ class HandWrittenRotation(keras.layers.Layer):
 def test_a_rotation_written_by_hand_with_concatenations_is_fused(tmp_path):
     model = model_around(HandWrittenRotation())
     path = tmp_path / "hand.onnx"
-    report = export_model(model, path, shapes=SHAPES)
+    report = export_model(model, path, ExportOptions(shapes=SHAPES))
     assert report["passed"] and report["graph"]["fused"]["RotaryEmbedding"] == 1
     ids = np.random.default_rng(0).integers(0, VOCAB, (2, 9)).astype(np.int32)
     expected = rotate(embedded(model, ids), np.arange(9)[None])
@@ -135,7 +136,7 @@ def test_a_rotation_written_by_hand_with_concatenations_is_fused(tmp_path):
 def test_angles_whose_halves_differ_are_left_alone_and_say_why(tmp_path):
     model = model_around(HandWrittenRotation(second_half_factor=2.0))
     path = tmp_path / "lookalike.onnx"
-    report = export_model(model, path, shapes=SHAPES)
+    report = export_model(model, path, ExportOptions(shapes=SHAPES))
     assert report["passed"] and report["graph"]["fused"]["RotaryEmbedding"] == 0
     assert "RotaryEmbedding" not in ops_of(path)
     reasons = report["graph"]["declined"]["RotaryEmbedding"]
@@ -149,7 +150,7 @@ def test_per_row_positions_are_left_alone_and_say_why(tmp_path):
 
     model = model_around(keras_hub.layers.RotaryEmbedding(), with_positions=True)
     path = tmp_path / "positions.onnx"
-    report = export_model(model, path, shapes=SHAPES)
+    report = export_model(model, path, ExportOptions(shapes=SHAPES))
     assert report["passed"] and report["graph"]["fused"]["RotaryEmbedding"] == 0
     reasons = report["graph"]["declined"]["RotaryEmbedding"]
     assert reasons == {"the angles are not (1, sequence, 1, head size) for x's sequence": 1}
@@ -179,7 +180,7 @@ class EsmRotation(keras.layers.Layer):
 def test_esms_rotation_of_sliced_views_is_fused_and_matches_roformer(tmp_path):
     model = model_around(EsmRotation())
     path = tmp_path / "esm.onnx"
-    report = export_model(model, path, shapes=SHAPES)
+    report = export_model(model, path, ExportOptions(shapes=SHAPES))
     assert report["passed"] and report["graph"]["fused"]["RotaryEmbedding"] == 2, report["graph"]
     assert "Neg" not in ops_of(path)
     for batch, length in [(1, 1), (2, 7)]:

@@ -19,9 +19,11 @@ optimum and onnxruntime-genai: it appends room for the new tokens to each
 `present.{i}.key/value`. The checks then run the file next to Keras:
 `references` (Keras only, so a big model can be released before ONNX Runtime
 maps the file) and `validate` (ONNX Runtime only, through
-`keras_layers.export.generation`).
+`keras_layers.export.generation`). `keras_layers.export.tasks.causal_lm` runs
+them as the pipeline's stages.
 """
 
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -32,7 +34,6 @@ from keras_layers.export.errors import UsageError, one_line
 from keras_layers.export.loading import LoadedModel, TensorInfo, flatten
 from keras_layers.export.tracing import TracedModel, trace_call
 
-TASKS = ("forward", "causal-lm")
 # The cache inputs' sequence axis: the slim stage reads it to tell a decoder
 # with a cache (`slimming.slim`).
 PAST_AXIS = "past_sequence"
@@ -64,9 +65,8 @@ class Decoder:
 
     def _cache_info(self, name: str, sequence: str) -> TensorInfo:
         """A cache in optimum's layout, (batch, heads, sequence, head size).
-        (keras-hub's own, sequence before heads, measured slower side by side in
-        one run: 367 against 467 new tokens/s for a 7.5M GPT-2 at batch 8,
-        166 against 187 at batch 1.)"""
+        (keras-hub's own, sequence before heads, generated fewer tokens a second
+        side by side; benchmarks/results/generate.json times the layout kept.)"""
         shape = (None, self.heads, None, self.head_size)
         axes = ("batch", self.heads, sequence, self.head_size)
         return TensorInfo(name, shape, self.dtype, axes=axes)
@@ -132,7 +132,19 @@ def describe(loaded: LoadedModel) -> Decoder:
 
 def trace(loaded: LoadedModel, decoder: Decoder) -> TracedModel:
     """The decoder as a `tf.function` from `input_ids` and the past caches to
-    `logits` and the present caches (the weights are inputs, as in `tracing`)."""
+    `logits` and the present caches (the weights are inputs, as in `tracing`).
+
+    Args:
+        loaded: the loaded model, its inputs and outputs still its own call's.
+        decoder: its cache layout (`describe`).
+
+    Returns:
+        The traced function, for `converting.convert`.
+
+    Raises:
+        UsageError: the model fails in Keras itself.
+        ConversionError: it uses Python control flow on a tensor's value.
+    """
     import tensorflow as tf
 
     model = loaded.model
@@ -200,9 +212,10 @@ def _cache_writes_as_appends(start, stacked, pasts: dict):
     past, then room for the new tokens) and the index is `start` itself, so
     the write is `concat([cache[:, :start], update])`: one copy, where the
     general conversion (`op_handlers.xla_dynamic_update_slice`) pads the
-    update and a mask to the cache's size and selects (ONNX Runtime's profiler
-    on a 7.5M-parameter GPT-2 at batch 8: 22-24% of a step in that `Where`
-    alone). Other writes, or a Keras without this backend function, are
+    update and a mask to the cache's size and selects (a `Where` over the
+    whole cache at every step, which ONNX Runtime's profiler showed among a
+    step's largest costs; benchmarks/results/generate.json times the files
+    as exported). Other writes, or a Keras without this backend function, are
     traced as they are; the decode checks would catch a model that wrote a
     cache of another length at `start`.
     """
@@ -302,7 +315,19 @@ def _prompt(rng, decoder: Decoder, lengths) -> tuple[np.ndarray, np.ndarray]:
 
 def references(loaded: LoadedModel, decoder: Decoder, on_step=None) -> Reference:
     """Run Keras: its cached call over a prompt and `DECODE_STEPS` greedy
-    steps, and its greedy tokens recomputing the full sequence."""
+    steps, and its greedy tokens recomputing the full sequence.
+
+    Args:
+        loaded: the loaded model (its own call's inputs and outputs).
+        decoder: its cache layout (`describe`).
+        on_step: called as `on_step(done, total)` after each greedy batch.
+
+    Returns:
+        What `validate` compares the file with.
+
+    Raises:
+        UsageError: the model holds too few positions for the checks' prompts.
+    """
     from keras import ops
 
     steps = _check_lengths(decoder)
@@ -379,16 +404,24 @@ def validate(
     Checks: the prompt's logits and each decode step's (teacher-forced with
     Keras' greedy tokens) within `atol + rtol |Keras|`; then each greedy batch
     token by token.
-    """
-    import onnxruntime as ort
 
+    Args:
+        reference: Keras' side (`references`).
+        onnx_path: the exported decoder.
+        atol: absolute tolerance of the logits.
+        rtol: relative tolerance, times |Keras' logits|.
+        on_step: called as `on_step(done, total)` after the steps and each
+            greedy batch.
+        lean_memory: ONNX Runtime without pre-packing and its memory arena
+            (`validating.validate`).
+
+    Returns:
+        The checks (ONNX Runtime's own failure as `error`); never raises.
+    """
+    start = time.perf_counter()
     result = validating.Validation(atol=atol, rtol=rtol)
-    options = ort.SessionOptions()
-    if lean_memory:
-        options.add_session_config_entry("session.disable_prepacking", "1")
-        options.enable_cpu_mem_arena = False
     try:
-        decoder = generation.CachedDecoder(onnx_path, options)
+        decoder = generation.CachedDecoder(onnx_path, validating.session_options(lean_memory))
     except Exception as error:  # noqa: BLE001 - the file's failure, reported as one
         result.error = f"ONNX Runtime cannot load the file: {one_line(str(error), 300)}"
         return result
@@ -421,4 +454,5 @@ def validate(
                 on_step(done, len(reference.greedy) + 1)
     except Exception as error:  # noqa: BLE001 - the file's failure, reported as one
         result.error = f"ONNX Runtime fails on the decoder: {one_line(str(error), 300)}"
+    result.seconds = time.perf_counter() - start
     return result

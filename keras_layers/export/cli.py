@@ -92,23 +92,27 @@ def _shapes(text: str) -> list:
     return shapes
 
 
-def _input_role(text: str) -> tuple[str, str]:
-    """`--input NAME=ROLE[@AXIS]` -> (NAME, "ROLE[@AXIS]")."""
+def _input_role(text: str) -> tuple:
+    """`--input NAME=ROLE[@AXIS]` -> (NAME, `InputRole`), parsed once here."""
     from keras_layers.export.inputs import parse_override
 
     try:
-        name, role, axis = parse_override(text)
+        return parse_override(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-    return name, f"{role}@{axis}" if axis else role
 
 
 def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
-    from keras_layers.export.causal_lm import TASKS
-    from keras_layers.export.converting import DEFAULT_OPSET
-    from keras_layers.export.pipeline import EXTERNAL_DATA_CHOICES, QUANTIZE_CHOICES
-    from keras_layers.export.validating import DEFAULT_ATOL, DEFAULT_RTOL
+    """The command's arguments.
 
+    Args:
+        prog: the command's name, for `--help`.
+        demo_dir: where the demo's files go (named in `--help`).
+
+    Returns:
+        The parser; its destinations that share a name with a field of
+        `ExportOptions` are that field (`_options`).
+    """
     p = argparse.ArgumentParser(
         prog=prog,
         description=(
@@ -119,6 +123,16 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
         epilog="Exit codes: 0 passed, 1 validation failed, 2 bad input, 3 internal error, "
         "130 interrupted.",
     )
+    _add_paths(p, demo_dir)
+    _add_checks(p)
+    _add_conversion(p)
+    _add_inputs(p)
+    _add_command(p)
+    return p
+
+
+def _add_paths(p: argparse.ArgumentParser, demo_dir: Path) -> None:
+    """MODEL, -o, --report."""
     p.add_argument(
         "model",
         nargs="?",
@@ -135,10 +149,17 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--report",
+        dest="report_path",
         type=Path,
         metavar="REPORT.json",
         help="JSON report path (default: OUT.report.json beside the output)",
     )
+
+
+def _add_checks(p: argparse.ArgumentParser) -> None:
+    """--atol, --rtol, --shapes: what the validation compares."""
+    from keras_layers.export.validating import DEFAULT_ATOL, DEFAULT_RTOL
+
     p.add_argument(
         "--atol",
         type=_tolerance,
@@ -158,6 +179,15 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
         help="validation grid, e.g. 1x1,2x7,8x64,padded "
         "(default: batch 1,2,8 x seq 1,7,64,256, plus padded)",
     )
+
+
+def _add_conversion(p: argparse.ArgumentParser) -> None:
+    """--opset, --import, --unsafe, --task, --external-data, --quantize:
+    what is loaded, and what the file is."""
+    from keras_layers.export.converting import DEFAULT_OPSET
+    from keras_layers.export.options import EXTERNAL_DATA_CHOICES, QUANTIZE_CHOICES
+    from keras_layers.export.tasks import TASKS
+
     p.add_argument(
         "--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default {DEFAULT_OPSET})"
     )
@@ -177,7 +207,7 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--task",
-        choices=TASKS,
+        choices=tuple(TASKS),
         default="forward",
         help="forward: the model's call over whole sequences (default); causal-lm: a "
         "decoder with a key/value cache for generation (keras-hub CausalLM, "
@@ -196,6 +226,11 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
         choices=QUANTIZE_CHOICES,
         help="also write OUT.int8.onnx (dynamic int8), judged by top-1 agreement",
     )
+
+
+def _add_inputs(p: argparse.ArgumentParser) -> None:
+    """--input, --no-memory-check, --allow-nonfinite: overrides of what is
+    read from the model or the machine."""
     p.add_argument(
         "--input",
         dest="input_roles",
@@ -219,13 +254,16 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
         action="store_true",
         help="accept NaN or infinity in Keras' own outputs (the ONNX file must match them)",
     )
+
+
+def _add_command(p: argparse.ArgumentParser) -> None:
+    """--retrain, -q, --verbose, --version: the command itself."""
     p.add_argument(
         "--retrain", action="store_true", help="retrain the demo even if a trained one exists"
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("--verbose", action="store_true", help="show library logs and tracebacks")
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    return p
 
 
 def _quiet_libraries(verbose: bool) -> None:
@@ -267,6 +305,74 @@ def _demo(args, demo_dir: Path, display) -> tuple[Path, dict, object]:
     return path, {"demo": {k: v for k, v in metrics.items() if k != "config"}}, evaluate
 
 
+def _options(args):
+    """The `ExportOptions` of the flags: each field from the flag whose
+    destination bears its name (`--input` pairs collected into a dict)."""
+    from dataclasses import fields
+
+    from keras_layers.export.options import ExportOptions
+
+    given = {**vars(args), "input_roles": dict(args.input_roles)}
+    return ExportOptions(
+        **{f.name: given[f.name] for f in fields(ExportOptions) if f.name in given}
+    )
+
+
+def _export(args, demo_dir: Path, console) -> tuple[dict, float]:
+    """Check the options, train the demo if it is the model, export; returns
+    the report and the seconds the export took."""
+    from dataclasses import replace
+
+    from rich.markup import escape
+
+    from keras_layers.export.display import StageDisplay
+    from keras_layers.export.errors import UsageError, command_line_wording
+    from keras_layers.export.pipeline import export_model
+
+    with StageDisplay(console, quiet=args.quiet) as display, command_line_wording(FLAGS, FIXES):
+        model, evaluate = args.model, None
+        if model is None and args.task != "forward":
+            raise UsageError(
+                f"--task {args.task} needs MODEL: the demo is an encoder (export a "
+                "keras-hub CausalLM saved with preprocessor=None, or "
+                "keras_layers.demo.TiedDecoder)"
+            )
+        options = _options(args)
+        if model is None:
+            model, extra, evaluate = _demo(args, demo_dir, display)
+            options = replace(options, extra_report=extra)
+        output = args.output or model.with_suffix(".onnx")
+        display.print(f"[bold]Exporting[/] {escape(str(model))} -> {escape(str(output))}")
+        start = time.perf_counter()
+        report = export_model(
+            model, output, options, task=args.task, progress=display, evaluate=evaluate
+        )
+    return report, time.perf_counter() - start
+
+
+def _print_passed(report: dict, seconds: float, verbose: bool, console) -> None:
+    """The checks' table, the files written and (verbose) the fusions declined."""
+    from rich.markup import escape
+
+    from keras_layers.export.display import int8_summary, render_report
+
+    render_report(report, console)
+    console.print(
+        f"[green]passed[/]: {escape(report['onnx_path'])} matches Keras on "
+        f"{len(report['checks'])} checks ({seconds:.1f} s). "
+        f"Report: {escape(report['report_path'])}"
+    )
+    if "int8" in report:
+        console.print(
+            f"[green]int8[/]: {escape(report['int8']['onnx_path'])} "
+            f"({int8_summary(report['int8'])})"
+        )
+    if verbose:
+        for fusion, reasons in report["graph"]["declined"].items():
+            for reason, count in reasons.items():
+                console.print(f"not fused ({fusion}) x{count}: {escape(reason)}")
+
+
 def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> int:
     """Parse `argv`, export, print; returns the exit code.
 
@@ -274,6 +380,10 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
         argv: the arguments (default `sys.argv[1:]`).
         prog: the command's name for `--help` (default: how it was invoked).
         demo_dir: where the demo's files go (default `default_demo_dir()`).
+
+    Returns:
+        `EXIT_OK`, or the exit code of what went wrong (the module docstring
+        lists them).
     """
     demo_dir = demo_dir or default_demo_dir()
     args = parser(prog or os.path.basename(sys.argv[0]), demo_dir).parse_args(argv)
@@ -281,68 +391,15 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
     from rich.console import Console
     from rich.markup import escape
 
-    from keras_layers.export.display import StageDisplay, int8_summary, render_report
-    from keras_layers.export.errors import (
-        ExportError,
-        UsageError,
-        command_line_wording,
-        one_line,
-    )
-    from keras_layers.export.pipeline import export_model
+    from keras_layers.export.display import render_report
+    from keras_layers.export.errors import ExportError, one_line
 
     console = Console(stderr=False, highlight=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
-        with StageDisplay(console, quiet=args.quiet) as display, command_line_wording(FLAGS, FIXES):
-            extra, evaluate = None, None
-            model = args.model
-            if model is None and args.task != "forward":
-                raise UsageError(
-                    f"--task {args.task} needs MODEL: the demo is an encoder (export a "
-                    "keras-hub CausalLM saved with preprocessor=None, or "
-                    "keras_layers.demo.TiedDecoder)"
-                )
-            if model is None:
-                model, extra, evaluate = _demo(args, demo_dir, display)
-            output = args.output or model.with_suffix(".onnx")
-            display.print(f"[bold]Exporting[/] {escape(str(model))} -> {escape(str(output))}")
-            start = time.perf_counter()
-            report = export_model(
-                model,
-                output,
-                report_path=args.report,
-                shapes=args.shapes,
-                atol=args.atol,
-                rtol=args.rtol,
-                opset=args.opset,
-                imports=args.imports,
-                unsafe=args.unsafe,
-                external_data=args.external_data,
-                quantize=args.quantize,
-                allow_nonfinite=args.allow_nonfinite,
-                input_roles=dict(args.input_roles),
-                memory_check=args.memory_check,
-                evaluate=evaluate,
-                progress=display,
-                extra_report=extra,
-                task=args.task,
-            )
+        report, seconds = _export(args, demo_dir, console)
         if not args.quiet:
-            render_report(report, console)
-            console.print(
-                f"[green]passed[/]: {escape(report['onnx_path'])} matches Keras on "
-                f"{len(report['checks'])} checks ({time.perf_counter() - start:.1f} s). "
-                f"Report: {escape(report['report_path'])}"
-            )
-            if "int8" in report:
-                console.print(
-                    f"[green]int8[/]: {escape(report['int8']['onnx_path'])} "
-                    f"({int8_summary(report['int8'])})"
-                )
-            if args.verbose:
-                for fusion, reasons in report["graph"]["declined"].items():
-                    for reason, count in reasons.items():
-                        console.print(f"not fused ({fusion}) x{count}: {escape(reason)}")
+            _print_passed(report, seconds, args.verbose, console)
         if args.unsafe:
             err.print("[yellow]warning:[/] loaded with --unsafe (Lambda code allowed)")
         return EXIT_OK

@@ -18,13 +18,13 @@ from contextvars import ContextVar
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
-# How a Python caller turns on what a message suggests.
+# How a Python caller turns on what a message suggests (`export_model`'s options).
 _API_FIXES = {
-    "unsafe": "unsafe=True",
-    "imports": "imports=['MODULE']",
-    "allow_nonfinite": "allow_nonfinite=True",
-    "shapes": "shapes=[(batch, sequence), ...]",
-    "memory_check": "memory_check=False",
+    "unsafe": "ExportOptions(unsafe=True)",
+    "imports": "ExportOptions(imports=['MODULE'])",
+    "allow_nonfinite": "ExportOptions(allow_nonfinite=True)",
+    "shapes": "ExportOptions(shapes=[(batch, sequence), ...])",
+    "memory_check": "ExportOptions(memory_check=False)",
 }
 _wording: ContextVar[tuple[Mapping, Mapping] | None] = ContextVar("wording", default=None)
 
@@ -46,7 +46,15 @@ def command_line_wording(flags: Mapping[str, str], fixes: Mapping[str, str]) -> 
 
 
 def argument(name: str, value=None) -> str:
-    """`name=value` for the API, `FLAG value` on the command line."""
+    """An argument as the caller spelled it.
+
+    Args:
+        name: the API's argument name (`"opset"`).
+        value: its value, or `None` to name the argument alone.
+
+    Returns:
+        `name=value` for the API, `FLAG value` inside `command_line_wording`.
+    """
     wording = _wording.get()
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
@@ -57,14 +65,23 @@ def argument(name: str, value=None) -> str:
 
 
 def fix(name: str) -> str:
-    """What the caller types to turn on `name` (`unsafe=True` or `--unsafe`)."""
+    """What the caller types to turn on `name` (`ExportOptions(unsafe=True)`
+    or `--unsafe`)."""
     wording = _wording.get()
     fixes = wording[1] if wording is not None else _API_FIXES
     return fixes.get(name, name)
 
 
 def one_line(text: str, limit: int = 600) -> str:
-    """Collapse a message to one line without colour codes, at most `limit` chars."""
+    """Collapse a message to one line without colour codes.
+
+    Args:
+        text: the message.
+        limit: the most characters kept (the cut ends in `...`).
+
+    Returns:
+        The line.
+    """
     flat = " ".join(_ANSI.sub("", text).split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 

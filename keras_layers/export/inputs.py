@@ -25,7 +25,8 @@ can override any of this (`input_roles`, `--input NAME=ROLE[@AXIS]`).
 
 import inspect
 import re
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from keras_layers.export.errors import UsageError, argument
 
@@ -35,6 +36,7 @@ _MASK_ARGUMENT = re.compile(r"(.*_)?padding_mask|attention_mask|mask")
 _TOKEN_POSITION_ARGUMENT = re.compile(r"positions|position_ids")
 # ... or some positions picked among the tokens (a masked-LM head's).
 _POSITION_ARGUMENT = re.compile(r"mask_positions|indices|.*_positions")
+_WORD = re.compile(r"\w+")
 
 
 def _call_parameters(layer) -> list[str]:
@@ -45,8 +47,16 @@ def _call_parameters(layer) -> list[str]:
 
 
 def consumers(model, tensor) -> list[tuple[object, str]]:
-    """(layer, call argument) for every layer call, at any depth, that reads
-    `tensor` directly; positional arguments are named from `layer.call`."""
+    """The layer calls, at any depth, that read `tensor` directly.
+
+    Args:
+        model: a functional Keras model.
+        tensor: one of its symbolic tensors (an input).
+
+    Returns:
+        `(layer, call argument)` pairs; positional arguments are named from
+        `layer.call`.
+    """
     import keras
 
     found = []
@@ -92,8 +102,17 @@ def _embeddings_reading(readers: list[tuple[object, str]]) -> list:
 
 
 def role_of(name: str, dtype: str, readers: list[tuple[object, str]]) -> dict:
-    """The role of one input and what generating it needs: `role`,
-    `vocabulary`, `masks_zero`, `sequence` (its sequence axis's name)."""
+    """The role of one input and what generating it needs.
+
+    Args:
+        name: the input's name.
+        dtype: its dtype's name.
+        readers: the layer calls that read it (`consumers`).
+
+    Returns:
+        `role`, `vocabulary`, `masks_zero` and `sequence` (its sequence
+        axis's name), as `loading.TensorInfo` takes them.
+    """
     embeddings = _embeddings_reading(readers)
     sequence = "decoder_sequence" if name.startswith("decoder_") else "sequence"
     found = {"role": "features", "vocabulary": None, "masks_zero": False, "sequence": sequence}
@@ -129,30 +148,75 @@ def max_sequence_length(model) -> tuple[int | None, str | None]:
     return bound, source
 
 
-def parse_override(text: str) -> tuple[str, str, str | None]:
-    """`NAME=ROLE[@AXIS]` -> (name, role, axis)."""
+@dataclass(frozen=True)
+class InputRole:
+    """How to generate one input when the role read from the model is not the
+    one wanted (`input_roles`, `--input NAME=ROLE[@AXIS]`).
+
+    Attributes:
+        role: one of `ROLES`.
+        axis: the name of the input's sequence axis (inputs that share a name
+            share a length); `None` keeps the one read from the model.
+    """
+
+    role: str
+    axis: str | None = None
+
+    def __post_init__(self) -> None:
+        axis_ok = self.axis is None or (isinstance(self.axis, str) and _WORD.fullmatch(self.axis))
+        if self.role not in ROLES or not axis_ok:
+            raise ValueError(
+                f"{str(self)!r} is not ROLE[@AXIS] with ROLE one of {', '.join(ROLES)}"
+            )
+
+    def __str__(self) -> str:
+        return f"{self.role}@{self.axis}" if self.axis else str(self.role)
+
+
+def parse_override(text: str) -> tuple[str, InputRole]:
+    """Parse one `NAME=ROLE[@AXIS]` override.
+
+    Args:
+        text: the override as the command line takes it.
+
+    Returns:
+        The input's name and its `InputRole`.
+
+    Raises:
+        ValueError: `text` is not of that form, or ROLE is none of `ROLES`.
+    """
     match = re.fullmatch(r"([^=]+)=(\w+)(?:@(\w+))?", text)
     if not match or match.group(2) not in ROLES:
         raise ValueError(f"{text!r} is not NAME=ROLE[@AXIS] with ROLE one of {', '.join(ROLES)}")
-    return match.group(1), match.group(2), match.group(3)
+    return match.group(1), InputRole(match.group(2), match.group(3))
 
 
-def apply_overrides(infos: list, overrides: dict) -> list:
-    """Replace detected roles by the caller's: `{name: "ROLE"}` or
-    `{name: "ROLE@AXIS"}` (AXIS names the input's sequence axis)."""
+def apply_overrides(infos: list, overrides: Mapping[str, InputRole]) -> list:
+    """Replace detected roles by the caller's.
+
+    Args:
+        infos: the model's inputs (`loading.TensorInfo`), as read from it.
+        overrides: input name -> `InputRole` (`ExportOptions.input_roles`,
+            where they were checked).
+
+    Returns:
+        `infos` with each named input's role (and sequence axis, when the
+        override names one) replaced.
+
+    Raises:
+        UsageError: an override names no input of the model.
+    """
     names = {info.name for info in infos}
-    for name, value in overrides.items():
-        try:
-            _, role, axis = parse_override(f"{name}={value}")
-        except ValueError as error:
-            raise UsageError(f"{argument('input_roles', {name: value})}: {error}") from None
+    for name, override in overrides.items():
         if name not in names:
             raise UsageError(
-                f"{argument('input_roles', {name: value})}: the model has no input {name!r}; "
-                f"its inputs are {sorted(names)}"
+                f"{argument('input_roles', {name: str(override)})}: the model has no input "
+                f"{name!r}; its inputs are {sorted(names)}"
             )
         infos = [
-            replace(info, role=role, sequence=axis or info.sequence) if info.name == name else info
+            replace(info, role=override.role, sequence=override.axis or info.sequence)
+            if info.name == name
+            else info
             for info in infos
         ]
     return infos

@@ -1,11 +1,12 @@
 """The export pipeline: load -> trace -> convert -> slim -> validate -> (int8) -> report.
 
-Each stage is a function in its own module that takes and returns plain data;
-this module checks the arguments, runs the stages in order, times them, and
-hands the finished files to `placement`, which alone touches the user's paths.
+Each stage is a function in its own module that takes and returns plain data,
+and what differs from one task to another (the file's inputs and outputs, the
+trace, the checks) is the task's (`keras_layers.export.tasks`). This module
+looks the task up, runs the stages in order, times them, and hands the
+finished files to `placement`, which alone touches the user's paths.
 """
 
-import math
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +15,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from keras_layers.export import (
-    causal_lm,
     converting,
     loading,
     memory,
@@ -22,13 +22,13 @@ from keras_layers.export import (
     quantizing,
     reporting,
     slimming,
-    tracing,
+    tasks,
     validating,
 )
 from keras_layers.export.errors import OutputError, UsageError, ValidationFailed, argument
-
-EXTERNAL_DATA_CHOICES = ("auto", "always", "never")
-QUANTIZE_CHOICES = ("int8",)
+from keras_layers.export.loading import LoadedModel
+from keras_layers.export.options import ExportOptions
+from keras_layers.export.tasks import Checks, Task
 
 
 @dataclass(frozen=True)
@@ -91,43 +91,6 @@ class _Interrupts:
             raise KeyboardInterrupt
 
 
-def _check_tolerance(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise UsageError(f"{argument(name, value)}: must be a finite number >= 0")
-    if value < 0:
-        raise UsageError(f"{argument(name, value)}: must be >= 0")
-    return float(value)
-
-
-def _check_options(atol, rtol, opset, external_data, quantize, task, shapes) -> None:
-    """Every argument that needs no model, checked before any work."""
-    if task not in causal_lm.TASKS:
-        raise UsageError(f"{argument('task', task)}: choose one of {causal_lm.TASKS}")
-    if task == "causal-lm" and shapes is not None:
-        raise UsageError(
-            f"{argument('shapes', shapes)}: a grid of shapes checks the forward pass; "
-            "--task causal-lm checks a prompt, decode steps and greedy generation instead "
-            "(keras_layers.export.causal_lm): leave the shapes out"
-        )
-    if task == "causal-lm" and quantize is not None:
-        raise UsageError(
-            f"{argument('quantize', quantize)}: not checked with --task causal-lm yet; export "
-            "without it and quantize the decoder with "
-            "onnxruntime.quantization.quantize_dynamic (benchmarks/generate.py does)"
-        )
-    _check_tolerance("atol", atol)
-    _check_tolerance("rtol", rtol)
-    converting.check_opset(opset)
-    if quantize is not None and quantize not in QUANTIZE_CHOICES:
-        raise UsageError(
-            f"{argument('quantize', quantize)}: unsupported; choose one of {QUANTIZE_CHOICES}"
-        )
-    if external_data not in EXTERNAL_DATA_CHOICES:
-        raise UsageError(
-            f"{argument('external_data', external_data)}: choose one of {EXTERNAL_DATA_CHOICES}"
-        )
-
-
 # The staged graph and the data file its weights were written to by `convert`
 # (`data_name`: placement renames it by its content).
 _STAGED_GRAPH = "model.onnx"
@@ -157,13 +120,20 @@ def _point_at_data(graph_path: Path, data_name: str) -> None:
     onnx.save_model(proto, graph_path)
 
 
-def _quantize(loaded, staged: "_Staged", shapes, evaluate, external: bool, references) -> dict:
-    """Quantize the validated float file and judge it; returns its report entry."""
-    int8_path, param_bytes = staged.int8, loaded.param_bytes
+def _quantize(task: Task, converted: "_Converted", staged: "_Staged", checks: Checks, evaluate):
+    """Quantize the validated float file and judge it; returns its report entry.
+
+    The int8 file is judged by its predictions, at the default tolerances,
+    on the float file's grid and Keras outputs (`checks`)."""
+    int8_path, param_bytes = staged.int8, converted.loaded.param_bytes
     quantizing.quantize_int8(staged.graph, int8_path)
-    validation = validating.validate(
-        loaded, int8_path, shapes, quantized=True, lean_memory=external, references=references
+    int8_checks = Checks(
+        grid=checks.grid,
+        references=checks.references,
+        quantized=True,
+        lean_memory=checks.lean_memory,
     )
+    validation = task.validate(converted.loaded, int8_path, int8_checks)
     evaluation = evaluate(int8_path) if evaluate else None
     worst = min(
         (check for check in validation.checks if check.top1_agreement is not None),
@@ -232,67 +202,30 @@ def _failure_message(report: dict, validation, targets, final, atol, rtol) -> st
 def export_model(
     model,
     output,
+    options: ExportOptions | None = None,
     *,
-    report_path=None,
-    shapes: list | None = None,
-    atol: float = validating.DEFAULT_ATOL,
-    rtol: float = validating.DEFAULT_RTOL,
-    opset: int = converting.DEFAULT_OPSET,
-    imports: tuple[str, ...] | list[str] = (),
-    unsafe: bool = False,
-    external_data: str = "auto",
-    quantize: str | None = None,
-    allow_nonfinite: bool = False,
-    input_roles: dict[str, str] | None = None,
-    memory_check: bool = True,
-    evaluate: Callable[[Path], dict] | None = None,
-    progress: Progress | None = None,
-    extra_report: dict | None = None,
     task: str = "forward",
+    progress: Progress | None = None,
+    evaluate: Callable[[Path], dict] | None = None,
 ) -> dict:
     """Export a Keras model to ONNX and prove in ONNX Runtime that it matches.
 
     Args:
         model: a `keras.Model` in memory, or the path of a `.keras` file.
         output: the ONNX file to write (`.onnx`).
-        report_path: where the JSON report goes (default `OUTPUT.report.json`
-            beside the output, without `.onnx`).
-        shapes: the validation grid: `(batch, sequence)` pairs and `"padded"`
-            (a right-padded batch). Default: batch 1, 2, 8 x sequence 1, 7, 64,
-            256 (or the model's fixed length), plus `"padded"` when the model
-            masks padding.
-        atol: absolute tolerance of every check.
-        rtol: relative tolerance, times |Keras output|.
-        opset: the ONNX opset to convert to (13 up to tf2onnx's newest).
-        imports: modules to import first (they register custom layers); only
-            for these is the working directory searched.
-        unsafe: allow Lambda layers when loading a file (runs code stored in it).
-        external_data: `"auto"` (weights in a data file beside the graph,
-            `OUTPUT.<content hash>.data`, when over ~1.8 GB), `"always"` or
-            `"never"`.
-        quantize: `"int8"` also writes `OUTPUT.int8.onnx`, quantized dynamically
-            and judged by top-1 agreement with Keras (`validating.INT8_MIN_TOP1`).
-        allow_nonfinite: accept NaN or infinity in Keras' own outputs (the
-            ONNX output must have the same ones); by default such a check fails,
-            since a model that computes NaN is broken whatever the file does.
-        input_roles: how to generate an input and name its sequence axis, when
-            the role read from the model is not the one wanted: `{name:
-            "ROLE"}` or `{name: "ROLE@AXIS"}`, ROLE one of `ids`,
-            `padding_mask`, `token_positions`, `positions`, `features` (see
-            `keras_layers.export.inputs`).
-        memory_check: refuse, before any work, an export whose estimated peak
-            memory exceeds what the machine has available (`memory.check_fits`).
-        evaluate: `evaluate(int8_path) -> dict` with a `passed` key: a
-            task-level check of the int8 file.
+        options: the grid, tolerances, opset, report path, ...: an
+            `ExportOptions` (default: every default).
+        task: a name of `keras_layers.export.tasks.TASKS`: `"forward"`
+            exports the model's call over whole sequences and checks it over
+            a grid of shapes; `"causal-lm"` exports a decoder with its
+            key/value cache, one call per prompt or new token, for
+            `keras_layers.export.generate` (`keras_layers.export.causal_lm`
+            says which models can), and validates a prompt, decode steps and
+            greedy generation against Keras instead of the grid.
         progress: called with a `StageEvent` as each stage starts and ends,
             and for each validation step.
-        extra_report: entries added to the report as they are.
-        task: `"forward"` exports the model's call over whole sequences;
-            `"causal-lm"` exports a decoder with its key/value cache, one call
-            per prompt or new token, for `keras_layers.export.generate`
-            (`keras_layers.export.causal_lm` says which models can), and
-            validates a prompt, decode steps and greedy generation against
-            Keras instead of the grid.
+        evaluate: `evaluate(int8_path) -> dict` with a `passed` key: a
+            task-level check of the int8 file (`ExportOptions.quantize`).
 
     Returns:
         The report (a JSON-ready dict, also written to the report path):
@@ -313,113 +246,65 @@ def export_model(
     >>> from keras_layers import ScaledEmbedding
     >>> ids = keras.Input((None,), dtype="int32", name="token_ids")
     >>> model = keras.Model(ids, ScaledEmbedding(20, 4)(ids))
-    >>> report = export_model(model, tmp / "tiny.onnx", shapes=[(1, 3), (2, 5)])
+    >>> report = export_model(model, tmp / "tiny.onnx", ExportOptions(shapes=[(1, 3), (2, 5)]))
     >>> report["passed"]
     True
     """
-    progress = progress or _no_progress
-    _check_options(atol, rtol, opset, external_data, quantize, task, shapes)
-    output = Path(output)
-    targets = placement.Targets(
-        onnx=output,
-        report=Path(report_path) if report_path else placement.default_report_path(output),
-    )
-    placement.check_targets(targets, Path(model) if isinstance(model, str | Path) else None)
-    if shapes is not None:
-        validating.check_shapes(shapes)
-    if memory_check:
-        weight_bytes = memory.estimated_param_bytes(model)
-        memory.check_fits(weight_bytes, memory.uses_external_data(external_data, weight_bytes))
+    output, options = Path(output), _checked_options(options)
+    exporter, targets = _before_any_work(model, output, options, task)
     with _Interrupts().watching() as interrupts, placement.staging_folder(output) as folder:
-        run = _Run(progress, interrupts)
-        loaded, decoder, weights_read, slimmed, external = _convert(
-            model, run, imports, unsafe, opset, external_data, input_roles, folder, task
-        )
-        if decoder is None:
-            if shapes is not None:
-                validating.check_shapes_fit(loaded, shapes)
-            shapes = shapes or validating.default_shapes(loaded)
-        staged = _Staged.write(slimmed.proto, folder, output, external)
-        with run.stage("validate"):
-            references = None
-            if decoder is not None:
-                validation = _validate_decoder(loaded, decoder, staged, atol, rtol, run, external)
-            else:
-                validation, references = _validate_forward(
-                    loaded, staged, shapes, atol, rtol, run, external, allow_nonfinite
-                )
+        run = _Run(progress or _no_progress, interrupts)
+        converted = _convert(model, exporter, options, run, folder)
+        grid = exporter.grid(converted.loaded, options.shapes)
+        staged = _Staged.write(converted.slimmed.proto, folder, output, converted.external)
+        validation, checks = _validate(exporter, converted, staged, grid, options, run)
         int8 = None
-        if quantize and validation.passed:
+        if options.quantize and validation.passed:
             with run.stage("quantize"):
-                int8 = _quantize(loaded, staged, shapes, evaluate, external, references)
+                int8 = _quantize(exporter, converted, staged, checks, evaluate)
         passed = validation.passed and (int8 is None or int8["passed"])
         final = targets if passed else targets.failed()
-        with run.stage("report"):
-            moves = staged.moves(final, int8 is not None)
-            report = reporting.build_report(
-                loaded=loaded,
-                onnx_path=final.onnx,
-                opset=opset,
-                file_bytes=staged.file_bytes,
-                weights_read=weights_read,
-                slimmed=slimmed,
-                validation=validation,
-                stages=run.seconds,
-                external_data=external,
-                extra=extra_report,
-            )
-            report["passed"] = passed
-            report["data_files"] = [str(to) for _, to in moves if to.name.endswith(".data")]
-            report["report_path"] = str(final.report)
-            if int8 is not None:
-                report["int8"] = {"onnx_path": str(final.int8), **int8}
-        report["stage_seconds"]["report"] = round(run.seconds["report"], 3)
+        report, moves = _report(run, converted, staged, final, validation, int8, options)
+        report["passed"] = passed
         placement.write_json(report, staged.report)
         with _signals_deferred():
             interrupts.check()
             placement.place([*moves, (staged.report, final.report)])
     if not passed:
         raise ValidationFailed(
-            _failure_message(report, validation, targets, final, atol, rtol), report
+            _failure_message(report, validation, targets, final, options.atol, options.rtol),
+            report,
         )
     return report
 
 
-def _validate_forward(loaded, staged, shapes, atol, rtol, run, external, allow_nonfinite):
-    """The grid's checks, and Keras' outputs when they were computed first
-    (with external data: `quantize` reuses them)."""
-    references = None
-    if external:
-        # Keras' outputs first, then its weights go before ONNX Runtime
-        # maps its own: the two copies are never held at once.
-        references = list(validating.keras_references(loaded, shapes))
-        loaded.release_model()
-    validation = validating.validate(
-        loaded,
-        staged.graph,
-        shapes,
-        atol,
-        rtol,
-        run.steps("validate"),
-        allow_nonfinite=allow_nonfinite,
-        lean_memory=external,
-        references=references,
-    )
-    return validation, references
+def _checked_options(options) -> ExportOptions:
+    if options is None:
+        return ExportOptions()
+    if not isinstance(options, ExportOptions):
+        raise UsageError(
+            f"{argument('options', options)}: expected an ExportOptions "
+            "(from keras_layers.export.options import ExportOptions)"
+        )
+    return options
 
 
-def _validate_decoder(loaded, decoder, staged, atol, rtol, run, external):
-    """Keras' side first (and, with external data, the model released), then
-    ONNX Runtime's: `causal_lm.references`, `causal_lm.validate`."""
-    start = time.perf_counter()
-    reference = causal_lm.references(loaded, decoder)
-    if external:
-        loaded.release_model()
-    validation = causal_lm.validate(
-        reference, staged.graph, atol, rtol, run.steps("validate"), lean_memory=external
+def _before_any_work(model, output: Path, options: ExportOptions, task: str):
+    """The task (which refuses the options it cannot honour) and the output
+    paths (`placement.check_targets`), and whether the export fits in memory
+    (`memory.check_fits`): every check that needs no loaded model."""
+    exporter = tasks.lookup(task)
+    exporter.check(options)
+    targets = placement.Targets(
+        onnx=output, report=options.report_path or placement.default_report_path(output)
     )
-    validation.seconds = time.perf_counter() - start
-    return validation
+    placement.check_targets(targets, Path(model) if isinstance(model, str | Path) else None)
+    if options.memory_check:
+        weight_bytes = memory.estimated_param_bytes(model)
+        memory.check_fits(
+            weight_bytes, memory.uses_external_data(options.external_data, weight_bytes)
+        )
+    return exporter, targets
 
 
 class _Run:
@@ -450,37 +335,34 @@ class _Run:
         return step
 
 
-def _convert(
-    model,
-    run: _Run,
-    imports,
-    unsafe: bool,
-    opset: int,
-    external_data: str,
-    input_roles,
-    folder,
-    task: str,
-):
-    """Load, trace, convert and slim: (loaded model, its `causal_lm.Decoder`
-    for `task="causal-lm"` else None, Keras paths of the weights the outputs
-    read, slimmed proto, external data?). With external data, the weights are
+@dataclass
+class _Converted:
+    """What load, trace, convert and slim made: the loaded model (its inputs
+    and outputs the file's), the Keras paths of the weights the outputs read,
+    the slimmed proto, and whether the weights go to a data file."""
+
+    loaded: LoadedModel
+    weights_read: set
+    slimmed: object
+    external: bool
+
+
+def _convert(model, task: Task, options: ExportOptions, run: _Run, folder: Path) -> _Converted:
+    """Load, trace, convert and slim. With external data, the weights are
     written to the staged data file in `folder` as they are converted, never
-    held in the proto. For a decoder, `loaded.inputs` and `loaded.outputs`
-    become the file's (ids and caches in, logits and caches out)."""
+    held in the proto."""
     with run.stage("load"):
-        loaded = loading.load(model, imports=imports, unsafe=unsafe, input_roles=input_roles)
-    external = memory.uses_external_data(external_data, loaded.param_bytes)
-    decoder = None
+        loaded = loading.load(
+            model, imports=options.imports, unsafe=options.unsafe, input_roles=options.input_roles
+        )
+    external = memory.uses_external_data(options.external_data, loaded.param_bytes)
     with run.stage("trace"):
-        if task == "causal-lm":
-            decoder = causal_lm.describe(loaded)
-            traced = causal_lm.trace(loaded, decoder)
-            loaded.inputs, loaded.outputs = decoder.inputs(), decoder.outputs()
-        else:
-            traced = tracing.trace(loaded)
+        described = task.describe(loaded)
+        traced = task.trace(loaded)
+        loaded.inputs, loaded.outputs = described
     with run.stage("convert"):
         data_path = folder / _STAGED_DATA if external else None
-        converted = converting.convert(traced, opset=opset, data_path=data_path)
+        converted = converting.convert(traced, opset=options.opset, data_path=data_path)
     with run.stage("slim"):
         slimmed = slimming.slim(
             converted.proto,
@@ -489,7 +371,55 @@ def _convert(
             run_onnxslim=not external,
             model_name=loaded.name,
         )
-    return loaded, decoder, converted.weights_read, slimmed, external
+    return _Converted(loaded, converted.weights_read, slimmed, external)
+
+
+def _validate(task: Task, converted: _Converted, staged, grid, options: ExportOptions, run: _Run):
+    """The task's checks of the float file, and how they were made (for the
+    int8 file's). With external data, Keras' side comes first and the model
+    is released before ONNX Runtime maps its own weights: the two copies are
+    never held at once."""
+    loaded, external = converted.loaded, converted.external
+    with run.stage("validate"):
+        references = task.references(loaded, grid, external)
+        if external:
+            loaded.release_model()
+        checks = Checks(
+            grid=grid,
+            references=references,
+            atol=options.atol,
+            rtol=options.rtol,
+            allow_nonfinite=options.allow_nonfinite,
+            lean_memory=external,
+            on_step=run.steps("validate"),
+        )
+        validation = task.validate(loaded, staged.graph, checks)
+    return validation, checks
+
+
+def _report(run: _Run, converted: _Converted, staged, final, validation, int8, options):
+    """The report (`reporting.build_report`, then where the files go), timed
+    as stage `report`, and the (staged, final) moves of the files."""
+    with run.stage("report"):
+        moves = staged.moves(final, int8 is not None)
+        report = reporting.build_report(
+            loaded=converted.loaded,
+            onnx_path=final.onnx,
+            opset=options.opset,
+            file_bytes=staged.file_bytes,
+            weights_read=converted.weights_read,
+            slimmed=converted.slimmed,
+            validation=validation,
+            stages=run.seconds,
+            external_data=converted.external,
+            extra=options.extra_report,
+        )
+        report["data_files"] = [str(to) for _, to in moves if to.name.endswith(".data")]
+        report["report_path"] = str(final.report)
+        if int8 is not None:
+            report["int8"] = {"onnx_path": str(final.int8), **int8}
+    report["stage_seconds"]["report"] = round(run.seconds["report"], 3)
+    return report, moves
 
 
 @dataclass(frozen=True)

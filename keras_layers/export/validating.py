@@ -128,7 +128,15 @@ def default_shapes(loaded: LoadedModel) -> list:
 
 
 def check_shapes_fit(loaded: LoadedModel, shapes: list) -> None:
-    """Refuse grid points longer than the model's position tables allow."""
+    """Refuse grid points longer than the model's position tables allow.
+
+    Args:
+        loaded: the loaded model (`max_length`, read from its position tables).
+        shapes: the grid, already checked by `check_shapes`.
+
+    Raises:
+        UsageError: a grid point is longer than `loaded.max_length`.
+    """
     if loaded.max_length is None:
         return
     for shape in shapes:
@@ -173,6 +181,14 @@ def make_inputs(loaded: LoadedModel, shape, rng) -> dict:
     of 64 tokens (or the model's bound), right-padded: the last row is padding
     only, so that every query in it sees no key. Positions are drawn among each
     row's real tokens (0 in the empty row).
+
+    Args:
+        loaded: the loaded model; each input's role says what to generate.
+        shape: a `(batch, sequence)` pair or `"padded"`.
+        rng: a `numpy.random.Generator`.
+
+    Returns:
+        One array per input, of the input's dtype.
     """
     if shape == PADDED:
         batch, length = 5, min(64, loaded.max_length or 64)
@@ -226,6 +242,14 @@ def shape_label(shape) -> str:
 def keras_outputs(loaded: LoadedModel, feeds: dict, label: str) -> dict:
     """Keras' outputs for one grid point, keyed by output name.
 
+    Args:
+        loaded: the loaded model.
+        feeds: its inputs by name (`make_inputs`).
+        label: the grid point, for the message (`shape_label`).
+
+    Returns:
+        One array per output.
+
     Raises:
         UsageError: Keras itself fails on the input (`label` names its shape):
             the model, not the export, cannot run it.
@@ -277,6 +301,19 @@ def compare(
     `allow_nonfinite`, or unless it is only in rows with no real token (a mean
     over no token is NaN in any correct model); either way the ONNX output
     must have the same ones.
+
+    Args:
+        label: the grid point (`shape_label`).
+        name: the output's name.
+        got: ONNX Runtime's output, or `None` when it is missing.
+        expected: Keras' output.
+        atol: absolute tolerance.
+        rtol: relative tolerance, times |Keras output|.
+        valid: (batch, sequence) booleans marking the real tokens, or `None`.
+        allow_nonfinite: accept NaN or infinity in Keras' own output.
+
+    Returns:
+        The check.
     """
 
     def failed(problem: str, nonfinite: float = 0.0) -> Check:
@@ -329,7 +366,17 @@ def _valid_positions(loaded: LoadedModel, feeds: dict):
 
 
 def judge_by_predictions(check: Check, got, expected) -> Check:
-    """Re-judge a check for a quantized model (see INT8_MIN_TOP1)."""
+    """Re-judge a check for a quantized model (see INT8_MIN_TOP1).
+
+    Args:
+        check: the check by tolerances (`compare`).
+        got: the int8 file's output.
+        expected: Keras' output.
+
+    Returns:
+        `check`, passed by top-1 agreement, or by relative L2 error for an
+        output without a top-1.
+    """
     if check.problem is not None:
         return check
     if check.top1_agreement is not None:
@@ -350,13 +397,36 @@ class Reference:
 
 
 def keras_references(loaded: LoadedModel, shapes=None) -> Iterator[Reference]:
-    """Keras' outputs over the grid (default `default_shapes(loaded)`), one
-    point at a time; `list()` them to run Keras ahead of ONNX Runtime, so
-    the model can be released first."""
+    """Keras' outputs over the grid, one point at a time; `list()` them to
+    run Keras ahead of ONNX Runtime, so the model can be released first.
+
+    Args:
+        loaded: the loaded model.
+        shapes: the grid (default `default_shapes(loaded)`).
+
+    Returns:
+        An iterator of `Reference`s, in grid order, from the same seed as
+        `validate`'s.
+
+    Raises:
+        UsageError: Keras itself fails on a grid point (`keras_outputs`).
+    """
     rng = np.random.default_rng(SEED)
     for shape in shapes or default_shapes(loaded):
         feeds = make_inputs(loaded, shape, rng)
         yield Reference(shape, feeds, keras_outputs(loaded, feeds, shape_label(shape)))
+
+
+def session_options(lean_memory: bool):
+    """ONNX Runtime's session options for the checks: with `lean_memory`,
+    without pre-packing the weights and without its memory arena (`validate`)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if lean_memory:
+        options.add_session_config_entry("session.disable_prepacking", "1")
+        options.enable_cpu_mem_arena = False
+    return options
 
 
 def validate(
@@ -388,25 +458,26 @@ def validate(
             and without its memory arena (which keeps what constant folding
             allocated at start-up). With its weights in a data file, ONNX
             Runtime then maps the file and holds about one copy of them
-            (measured on a 2.48 GB encoder: +2.35 GB, against +4.8 GB by
-            default): for models whose weights pass
-            `converting.LARGE_MODEL_BYTES`, where memory is the limit. The
-            products are the same; only memory layout and reuse differ.
+            (the peaks are in benchmarks/results/big_model.json): for
+            models whose weights pass `converting.LARGE_MODEL_BYTES`, where
+            memory is the limit. The products are the same; only memory
+            layout and reuse differ.
         references: Keras' outputs computed beforehand (`keras_references`
             over the same grid); the model is not run again.
 
     Returns:
         One `Check` per output and grid point; `passed` when all pass.
+
+    Raises:
+        UsageError: Keras itself fails on a grid point (`keras_outputs`);
+            ONNX Runtime's failures are reported in `error`, not raised.
     """
     import onnxruntime as ort
 
     start = time.perf_counter()
     result = Validation(atol=atol, rtol=rtol)
     try:
-        options = ort.SessionOptions()
-        if lean_memory:
-            options.add_session_config_entry("session.disable_prepacking", "1")
-            options.enable_cpu_mem_arena = False
+        options = session_options(lean_memory)
         session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     except Exception as error:  # noqa: BLE001 - the file's failure, reported as one
         result.error = f"ONNX Runtime cannot load the file: {one_line(str(error), 300)}"

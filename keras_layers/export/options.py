@@ -1,0 +1,128 @@
+"""`ExportOptions`: every setting of an export, typed, checked once.
+
+`export_model(model, output, ExportOptions(...), task=...)` takes them as one
+value, and the command line builds one from its flags. Each setting is
+checked when the options are made (`__post_init__`), before any work, with
+the errors `export_model` has always raised: a `UsageError` that names the
+argument as the caller spelled it (`opset=99`, or `--opset 99` on the command
+line). What needs the model (a grid longer than its position tables, an input
+it does not have, a module that does not import) is checked once the model
+is loaded.
+"""
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from keras_layers.export import converting, validating
+from keras_layers.export.errors import UsageError, argument
+from keras_layers.export.inputs import InputRole, parse_override
+
+EXTERNAL_DATA_CHOICES = ("auto", "always", "never")
+QUANTIZE_CHOICES = ("int8",)
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """How to export, check and report; every field has a working default.
+
+    Attributes:
+        report_path: where the JSON report goes (default `OUTPUT.report.json`
+            beside the output, without `.onnx`).
+        shapes: the validation grid: `(batch, sequence)` pairs and `"padded"`
+            (a right-padded batch). Default: batch 1, 2, 8 x sequence 1, 7, 64,
+            256 (or the model's fixed length), plus `"padded"` when the model
+            masks padding.
+        atol: absolute tolerance of every check.
+        rtol: relative tolerance, times |Keras output|.
+        opset: the ONNX opset to convert to (13 up to tf2onnx's newest).
+        imports: modules to import first (they register custom layers); only
+            for these is the working directory searched.
+        unsafe: allow Lambda layers when loading a file (runs code stored in it).
+        external_data: `"auto"` (weights in a data file beside the graph,
+            `OUTPUT.<content hash>.data`, when over ~1.8 GB), `"always"` or
+            `"never"`.
+        quantize: `"int8"` also writes `OUTPUT.int8.onnx`, quantized dynamically
+            and judged by top-1 agreement with Keras (`validating.INT8_MIN_TOP1`).
+        allow_nonfinite: accept NaN or infinity in Keras' own outputs (the
+            ONNX output must have the same ones); by default such a check fails,
+            since a model that computes NaN is broken whatever the file does.
+        input_roles: how to generate an input and name its sequence axis, when
+            the role read from the model is not the one wanted: `{name:
+            InputRole(ROLE, AXIS)}`, or the same as text, `{name: "ROLE"}` or
+            `{name: "ROLE@AXIS"}`; ROLE one of `ids`, `padding_mask`,
+            `token_positions`, `positions`, `features` (see
+            `keras_layers.export.inputs`). Kept as `InputRole`s.
+        memory_check: refuse, before any work, an export whose estimated peak
+            memory exceeds what the machine has available (`memory.check_fits`).
+        extra_report: entries added to the report as they are.
+
+    Raises:
+        UsageError: a setting is out of range or malformed (on creation).
+
+    Example:
+
+    >>> ExportOptions(shapes=[(1, 3)], input_roles={"flags": "ids@tokens"}).input_roles
+    {'flags': InputRole(role='ids', axis='tokens')}
+    """
+
+    report_path: Path | None = None
+    shapes: list | None = None
+    atol: float = validating.DEFAULT_ATOL
+    rtol: float = validating.DEFAULT_RTOL
+    opset: int = converting.DEFAULT_OPSET
+    imports: tuple[str, ...] = ()
+    unsafe: bool = False
+    external_data: str = "auto"
+    quantize: str | None = None
+    allow_nonfinite: bool = False
+    input_roles: Mapping[str, InputRole] = field(default_factory=dict)
+    memory_check: bool = True
+    extra_report: Mapping | None = None
+
+    def __post_init__(self) -> None:
+        _set = object.__setattr__  # the one place a frozen field is normalised
+        _set(self, "atol", _tolerance("atol", self.atol))
+        _set(self, "rtol", _tolerance("rtol", self.rtol))
+        converting.check_opset(self.opset)
+        _check_choice("quantize", self.quantize, QUANTIZE_CHOICES, "unsupported; ", none_ok=True)
+        _check_choice("external_data", self.external_data, EXTERNAL_DATA_CHOICES, "")
+        if self.shapes is not None:
+            _set(self, "shapes", validating.check_shapes(self.shapes))
+        _set(self, "report_path", Path(self.report_path) if self.report_path else None)
+        imports = (self.imports,) if isinstance(self.imports, str) else tuple(self.imports)
+        _set(self, "imports", imports)
+        _set(self, "input_roles", _input_roles(self.input_roles))
+
+
+def _tolerance(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise UsageError(f"{argument(name, value)}: must be a finite number >= 0")
+    if value < 0:
+        raise UsageError(f"{argument(name, value)}: must be >= 0")
+    return float(value)
+
+
+def _check_choice(name: str, value, choices: tuple, why: str, none_ok: bool = False) -> None:
+    if (value is None and none_ok) or value in choices:
+        return
+    raise UsageError(f"{argument(name, value)}: {why}choose one of {choices}")
+
+
+def _input_roles(roles) -> dict[str, InputRole]:
+    """`InputRole`s by input name; text values (`"ROLE@AXIS"`) parsed here."""
+    if roles is None:
+        return {}
+    if not isinstance(roles, Mapping):
+        raise UsageError(f"{argument('input_roles', roles)}: give a dict {{name: role}}")
+    parsed = {}
+    for name, value in roles.items():
+        if isinstance(value, InputRole):
+            parsed[name] = value
+            continue
+        try:
+            _, parsed[name] = parse_override(f"{name}={value}")
+        except ValueError as error:
+            raise UsageError(f"{argument('input_roles', {name: value})}: {error}") from None
+    return parsed

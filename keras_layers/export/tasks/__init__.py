@@ -1,0 +1,36 @@
+"""The export tasks, by name: what `export_model(..., task=NAME)` exports.
+
+Each task is one module of this package (`base.Task` says what it supplies)
+and one entry of `TASKS`; the pipeline looks the name up and asks nothing
+else of it.
+"""
+
+from collections.abc import Callable
+
+from keras_layers.export.errors import UsageError, argument
+from keras_layers.export.tasks.base import Checks, Task
+from keras_layers.export.tasks.causal_lm import CausalLm
+from keras_layers.export.tasks.forward import Forward
+
+# Name -> a maker of a fresh task (one per export: a task keeps what it
+# learns of the model between the stages). The first is the default.
+TASKS: dict[str, Callable[[], Task]] = {"forward": Forward, "causal-lm": CausalLm}
+
+__all__ = ["TASKS", "CausalLm", "Checks", "Forward", "Task", "lookup"]
+
+
+def lookup(name: str) -> Task:
+    """A fresh task of that name.
+
+    Args:
+        name: a key of `TASKS`.
+
+    Returns:
+        The task.
+
+    Raises:
+        UsageError: no task has that name.
+    """
+    if not isinstance(name, str) or name not in TASKS:
+        raise UsageError(f"{argument('task', name)}: choose one of {tuple(TASKS)}")
+    return TASKS[name]()

@@ -1,0 +1,98 @@
+"""`task="forward"`: the model's own call over whole sequences, checked over a grid.
+
+The file takes the model's inputs and returns its outputs (`tracing.trace`);
+the checks feed both the same generated inputs at every point of a grid of
+batch sizes and sequence lengths, plus a right-padded batch when the model
+masks padding (`validating`).
+"""
+
+from pathlib import Path
+
+from keras_layers.export import tracing, validating
+from keras_layers.export.loading import LoadedModel
+from keras_layers.export.options import ExportOptions
+from keras_layers.export.tasks.base import Checks
+from keras_layers.export.tracing import TracedModel
+from keras_layers.export.validating import Validation
+
+
+class Forward:
+    """The forward pass: every option applies; the grid is the check."""
+
+    name = "forward"
+
+    def check(self, options: ExportOptions) -> None:
+        """Every option fits the forward pass: nothing to refuse."""
+        del options
+
+    def describe(self, loaded: LoadedModel) -> tuple[list, list]:
+        """The model's own inputs and outputs.
+
+        Args:
+            loaded: the loaded model.
+
+        Returns:
+            `(loaded.inputs, loaded.outputs)`.
+        """
+        return loaded.inputs, loaded.outputs
+
+    def trace(self, loaded: LoadedModel) -> TracedModel:
+        """`tracing.trace`: the model's call, its weights as inputs."""
+        return tracing.trace(loaded)
+
+    def grid(self, loaded: LoadedModel, shapes: list | None) -> list:
+        """The caller's grid, checked against the model's position tables, or
+        `validating.default_shapes`.
+
+        Args:
+            loaded: the loaded model.
+            shapes: the caller's grid, or `None`.
+
+        Returns:
+            The grid to check.
+
+        Raises:
+            UsageError: a grid point is longer than the model allows.
+        """
+        if shapes is None:
+            return validating.default_shapes(loaded)
+        validating.check_shapes_fit(loaded, shapes)
+        return shapes
+
+    def references(self, loaded: LoadedModel, grid: list, ahead: bool) -> list | None:
+        """Keras' outputs over the whole grid when they must come `ahead`;
+        otherwise `None`, and `validate` runs Keras one point at a time.
+
+        Args:
+            loaded: the loaded model.
+            grid: the grid.
+            ahead: the model is released next.
+
+        Returns:
+            `validating.Reference`s, or `None`.
+        """
+        return list(validating.keras_references(loaded, grid)) if ahead else None
+
+    def validate(self, loaded: LoadedModel, onnx_path: Path, checks: Checks) -> Validation:
+        """`validating.validate` over the grid.
+
+        Args:
+            loaded: the loaded model.
+            onnx_path: the file to check.
+            checks: the grid, Keras' side and the tolerances.
+
+        Returns:
+            One check per output and grid point.
+        """
+        return validating.validate(
+            loaded,
+            onnx_path,
+            checks.grid,
+            checks.atol,
+            checks.rtol,
+            checks.on_step,
+            quantized=checks.quantized,
+            allow_nonfinite=checks.allow_nonfinite,
+            lean_memory=checks.lean_memory,
+            references=checks.references,
+        )
