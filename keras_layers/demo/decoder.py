@@ -115,7 +115,17 @@ class TiedDecoder(keras.Model):
 
     def call_with_cache(self, token_ids, cache, cache_update_index):
         """Logits of `token_ids`, which sit at `cache_update_index ...`, with
-        their keys and values written into `cache` (keras-hub's protocol)."""
+        their keys and values written into `cache` (keras-hub's protocol).
+
+        Args:
+            token_ids: (batch, new tokens) ids.
+            cache: (batch, layers, 2, sequence, heads, head size), key then value.
+            cache_update_index: the position of the first of `token_ids`.
+
+        Returns:
+            `(logits, hidden states, cache)`, the cache with the new keys and
+            values written.
+        """
         hidden = self.token_embedding(token_ids)
         hidden = self.position_encoding(hidden, start_index=cache_update_index)
         caches = []

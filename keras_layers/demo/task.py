@@ -54,7 +54,17 @@ class DemoConfig:
 
 
 def make_task(config: DemoConfig, count: int, seed: int):
-    """Counting sequences with masked tokens: (ids, labels, weights)."""
+    """Counting sequences with masked tokens.
+
+    Args:
+        config: the task's vocabulary, lengths and mask rate.
+        count: how many sequences.
+        seed: the generator's seed.
+
+    Returns:
+        `(ids, labels, weights)`: the masked input ids, the full sequences
+        (padding `PAD`), and 1.0 at the masked tokens the loss counts.
+    """
     rng = np.random.default_rng(seed)
     cycle = config.vocabulary - FIRST_TOKEN
     shape = (count, config.max_length)
@@ -80,7 +90,13 @@ def compile_for_training(model, config: DemoConfig, steps: int, loss=None) -> No
     """Adam with the demo's schedule, compiled with XLA.
 
     Warm up for a tenth of `steps`, then cosine decay to zero: a fixed budget of
-    steps ends at a minimum. `loss` defaults to sparse cross-entropy on logits.
+    steps ends at a minimum.
+
+    Args:
+        model: the model to compile.
+        config: the peak learning rate.
+        steps: the optimizer steps of the whole training.
+        loss: the loss (default sparse cross-entropy on logits).
     """
     import keras
 
@@ -98,6 +114,17 @@ def compile_for_training(model, config: DemoConfig, steps: int, loss=None) -> No
 
 
 def masked_accuracy(model, ids, labels, weights) -> float:
+    """How often the model predicts the masked tokens.
+
+    Args:
+        model: the trained model (logits over the vocabulary).
+        ids: the masked input ids (`make_task`).
+        labels: the tokens to predict.
+        weights: 1.0 at the masked tokens.
+
+    Returns:
+        The share of masked tokens whose top-1 prediction is the label.
+    """
     predictions = np.asarray(model.predict(ids, batch_size=256, verbose=0)).argmax(-1)
     hits = (predictions == labels) & (weights > 0)
     return float(hits.sum() / weights.sum())
@@ -174,7 +201,18 @@ def int8_evaluation(
 ):
     """The quantized demo's task-level check, on the held-out sequences: top-1
     agreement with Keras at every real token at least `min_top1`, and
-    masked-token accuracy within `max_drop` of the Keras model's."""
+    masked-token accuracy within `max_drop` of the Keras model's.
+
+    Args:
+        model_path: the trained demo (its metrics file beside it).
+        keras_accuracy: the Keras model's held-out masked-token accuracy.
+        max_drop: how much lower the int8 file's accuracy may be.
+        min_top1: the least top-1 agreement with Keras.
+
+    Returns:
+        `evaluate(onnx_path) -> dict` with `passed` and a `summary`, as
+        `export_model(..., evaluate=...)` takes it.
+    """
 
     def evaluate(onnx_path) -> dict:
         import keras

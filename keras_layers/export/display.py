@@ -85,7 +85,12 @@ class StageDisplay:
             self._progress.stop_task(task)
 
     def training_step(self, done: int, total: int) -> None:
-        """The demo's training: `done` of `total` optimizer steps."""
+        """The demo's training: `done` of `total` optimizer steps.
+
+        Args:
+            done: steps done.
+            total: steps in all.
+        """
         self(StageEvent("train", done=done, total=total))
 
 
@@ -94,7 +99,12 @@ def _number(value: float) -> str:
 
 
 def render_report(report: dict, console: Console) -> None:
-    """A table of the checks and a one-line summary of the file."""
+    """A table of the checks and a one-line summary of the file.
+
+    Args:
+        report: the export's report (`export_model`'s, or a failed export's).
+        console: where to print.
+    """
     table = Table(title="ONNX Runtime vs Keras", show_lines=False)
     for column in ("shape", "output", "max abs diff", "max rel diff", "top-1", "result"):
         table.add_column(column, justify="left" if column in ("shape", "output") else "right")

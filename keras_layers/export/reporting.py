@@ -59,6 +59,27 @@ def _weight_accounting(loaded, weights_read: set, slimmed) -> dict:
     }
 
 
+def _graph_entry(slimmed) -> dict:
+    """The report's `graph`: node counts, fusions, and the weights shared or
+    stored once."""
+    return {
+        "nodes_converted": slimmed.nodes_before,
+        "nodes_final": slimmed.nodes_after,
+        "fused": slimmed.fused,
+        "stack_picks_folded": slimmed.stack_picks_folded,
+        "shapes_shared": slimmed.shapes_shared,
+        "declined": slimmed.declined,
+        "shared_weights": [
+            {"name": name, "shape": shape, "read_by": read_by}
+            for name, shape, read_by in slimming.shared_weights(slimmed.proto)
+        ],
+        "weights_stored_once": [
+            {"removed": removed, "kept": kept, "as": "transpose" if how == "T" else "copy"}
+            for removed, kept, how in slimmed.deduplicated
+        ],
+    }
+
+
 def build_report(
     *,
     loaded,
@@ -115,26 +136,7 @@ def build_report(
         # Why validation could not run at all (ONNX Runtime refused the file).
         "validation_error": validation.error,
         "worst": asdict(worst) if worst else None,
-        "graph": {
-            "nodes_converted": slimmed.nodes_before,
-            "nodes_final": slimmed.nodes_after,
-            "fused": slimmed.fused,
-            "stack_picks_folded": slimmed.stack_picks_folded,
-            "shapes_shared": slimmed.shapes_shared,
-            "declined": slimmed.declined,
-            "shared_weights": [
-                {"name": name, "shape": shape, "read_by": read_by}
-                for name, shape, read_by in slimming.shared_weights(slimmed.proto)
-            ],
-            "weights_stored_once": [
-                {
-                    "removed": removed,
-                    "kept": kept,
-                    "as": "transpose" if how == "T" else "copy",
-                }
-                for removed, kept, how in slimmed.deduplicated
-            ],
-        },
+        "graph": _graph_entry(slimmed),
         "stage_seconds": {name: round(seconds, 3) for name, seconds in stages.items()},
         "versions": versions(),
     }

@@ -51,12 +51,12 @@ def _attention_as_batched_matmuls():
     On TensorFlow, `keras.ops.dot_product_attention` (which `MultiHeadAttention`
     and keras-hub's encoders call) computes `einsum("BTNH,BSNH->BNTS")` and
     `einsum("BNTS,BSNH->BTNH")`. tf2onnx's einsum optimizer lowers each to 5-D
-    transposes, squeezes and shape arithmetic: about 40 of the reference
-    encoder's nodes per layer, and extra copies at run time. The same products
-    written as `transpose` + `matmul` reach ONNX as four `Transpose` and two
-    `MatMul` nodes (412 -> 249 nodes in all), and the padding mask selects the
-    logits in one `Where` instead of Keras' expand-then-select (249 -> 204,
-    with the `SelectV2` handler in `keras_layers.export.op_handlers`). The large negative
+    transposes, squeezes and shape arithmetic, and extra copies at run time.
+    The same products written as `transpose` + `matmul` reach ONNX as four
+    `Transpose` and two `MatMul` nodes, and the padding mask selects the
+    logits in one `Where` instead of Keras' expand-then-select (with the
+    `SelectV2` handler in `keras_layers.export.op_handlers`); the node counts
+    of exported models are in benchmarks/results/zoo.json. The large negative
     value, scaling and softmax stay Keras' own, so the result differs only in
     float summation order, and the export's validation checks it like
     everything else. If a Keras release renames the private function this
@@ -105,7 +105,7 @@ def _einsums_for_onnx():
     and write out ellipses.
 
     tf2onnx lowers `einsum("btkgh,bskh->bkgts")` with dynamic batch and length
-    to about 30 nodes of 6-D transposes and shape arithmetic; written as
+    to 6-D transposes and shape arithmetic; written as
     `einsums.einsum_layout` says, it is 2-3 transposes, an `Unsqueeze` and one
     `MatMul`, a form `fusions.fuse_attention` matches. Same float products,
     summed in a different order. An equation with "..." (which tf2onnx
@@ -213,6 +213,16 @@ def trace_call(loaded: LoadedModel, call, specs: list, output_names: list) -> Tr
     decoder with a cache): each unique weight of `loaded.model` becomes an
     input after `specs`, read through a `keras.StatelessScope`, and Keras'
     attention is traced as batched matmuls.
+
+    Args:
+        loaded: the loaded model, whose weights become inputs.
+        call: the computation, on the inputs of `specs`.
+        specs: one `tf.TensorSpec` per input of the file, named as it.
+        output_names: the file's output names, in `call`'s order.
+
+    Returns:
+        The traced function, its signature (`specs`, then one spec per
+        weight) and the weights in that order.
 
     Raises:
         UsageError: the model fails in Keras itself.
