@@ -53,10 +53,10 @@ MODELS = {
     "Llama": ("LlamaBackbone", "rotary embeddings of queries and keys", "rotary"),
 }
 QUICK_MODELS = {name: MODELS[name] for name in ("Gemma", "T5", "Llama")}
-# The fusion each row switches off: (module, function, the op it writes).
+# The fusion each row switches off: (its pass, the op it writes).
 SWITCHES = {
-    "attention": ("keras_layers.export.fusions", "fuse_attention", "MultiHeadAttention"),
-    "rotary": ("keras_layers.export.fusions.rotary", "fuse_rotary_embeddings", "RotaryEmbedding"),
+    "attention": ("keras_layers.export.passes.fusions.multi_head_attention", "MultiHeadAttention"),
+    "rotary": ("keras_layers.export.passes.fusions.rotary", "RotaryEmbedding"),
 }
 # Sizes by constructor argument name; each class takes those it has.
 SIZES = {
@@ -129,14 +129,15 @@ def export_both(model, folder: Path, switch: str = "attention") -> dict:
     fusion `switch` (a key of SWITCHES), each validated on a small grid."""
     import importlib
 
-    from keras_layers.export import export_model
+    from keras_layers.export import export_model, slimming
     from keras_layers.export.options import ExportOptions
 
-    module, function, _ = SWITCHES[switch]
+    module, _ = SWITCHES[switch]
     paths = {name: folder / f"{name}.onnx" for name in ("fused", "unfused")}
     shapes = [(2, 16), "padded"]
     export_model(model, paths["fused"], ExportOptions(shapes=shapes))
-    with mock.patch.object(importlib.import_module(module), function, return_value=0):
+    unfused = slimming.without(importlib.import_module(module))
+    with mock.patch.object(slimming, "PASSES", unfused):
         export_model(model, paths["unfused"], ExportOptions(shapes=shapes))
     return paths
 
@@ -204,7 +205,7 @@ def main(argv=None):
         model = build(cls_name, sizes | extra | SIZES_BY_CLASS.get(cls_name, {}))
         with tempfile.TemporaryDirectory(prefix="attention_forms_") as folder:
             paths = export_both(model, Path(folder), switch)
-            op = SWITCHES[switch][2]
+            op = SWITCHES[switch][1]
             report["models"][label] = {
                 "class": cls_name,
                 "form": form,

@@ -18,6 +18,7 @@ Writes results/cached_attention[.quick].json; docs/performance.md's table
 """
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 from pathlib import Path
@@ -56,18 +57,18 @@ def build(kind: str, sizes: dict):
 def export_both(model, folder: Path) -> dict:
     """{"fused": path, "unfused": path}: `--task causal-lm` with the attention
     fusion forced on (the pipeline leaves a cached decoder's unfused) and off."""
-    from keras_layers.export import export_model, fusions
-    from keras_layers.export.fusions import multi_head_attention
+    from keras_layers.export import export_model, slimming
+    from keras_layers.export.passes.fusions import multi_head_attention
 
     paths = {name: folder / f"{name}.onnx" for name in ("fused", "unfused")}
-    original = multi_head_attention.fuse_attention
+    original = multi_head_attention.run
 
-    def every_form(proto, shapes, declined=None, cached=False):
-        return original(proto, shapes, declined, cached=False)
+    def every_form(proto, context):
+        return original(proto, dataclasses.replace(context, cached_decoder=False))
 
-    with mock.patch.object(fusions, "fuse_attention", every_form):
+    with mock.patch.object(multi_head_attention, "run", every_form):
         export_model(model, paths["fused"], task="causal-lm")
-    with mock.patch.object(fusions, "fuse_attention", return_value=0):
+    with mock.patch.object(slimming, "PASSES", slimming.without(multi_head_attention)):
         export_model(model, paths["unfused"], task="causal-lm")
     return paths
 

@@ -26,7 +26,7 @@ ONNX Runtime sessions that stop spin-waiting when a run returns
 alone in ONNX Runtime, run one after another as one more candidate in the same
 rounds; `export_bench.matmul_chain`) and the cost per FLOP from
 128 to 2048 tokens come from the same run, and so does our export without
-`dims.share_equal_shapes` (each decoder layer keeping its own copy of the
+`share_shapes.share_equal_shapes` (each decoder layer keeping its own copy of the
 masks and rotary tables). Each file's fused ops are counted, and ONNX
 Runtime's transformer optimizer is run over our file too: what it still finds
 there is what we left on the table. Last, the one fusion it still finds (a
@@ -78,7 +78,7 @@ QUICK_MODELS = {
 SHAPES = [(1, 128, 30), (8, 128, 15), (1, 512, 15), (1, 2048, 7)]
 QUICK_SHAPES = [(1, 16, 2), (2, 32, 2)]
 CANDIDATES = ("ours", "keras export", "plain tf2onnx", "pytorch + ort optimizer")
-# Ours without `dims.share_equal_shapes`, timed beside the others.
+# Ours without `share_shapes.share_equal_shapes`, timed beside the others.
 UNSHARED = "ours, per-layer shapes"
 FILE_STEMS = {
     "ours": "ours",
@@ -303,13 +303,14 @@ def sequence_output_name(session) -> str:
 def export_ours(model, path: Path, share_shapes: bool = True) -> None:
     """Our export; `share_shapes=False` leaves each layer its own `Shape`s (and
     so its own copy of the masks and rotary tables), to measure what sharing them
-    (`keras_layers.export.dims`) buys."""
+    (`keras_layers.export.passes.share_shapes`) buys."""
     from unittest import mock
 
-    from keras_layers.export import dims, export_model
+    from keras_layers.export import export_model, slimming
     from keras_layers.export.options import ExportOptions
+    from keras_layers.export.passes import share_shapes as sharing
 
-    unshared = mock.patch.object(dims, "share_equal_shapes", return_value=0)
+    unshared = mock.patch.object(slimming, "PASSES", slimming.without(sharing))
     with unshared if not share_shapes else contextlib.nullcontext():
         report = export_model(
             model, path, ExportOptions(report_path=path.with_suffix(".report.json"))

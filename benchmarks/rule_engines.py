@@ -3,7 +3,7 @@
     python benchmarks/rule_engines.py            # about 1 minute
     python benchmarks/rule_engines.py --quick
 
-The RMS norm fusion is written twice: ours (`keras_layers.export.fusions.rms_norm`,
+The RMS norm fusion is written twice: ours (`keras_layers.export.passes.fusions.rms_norm`,
 a `pattern.Rule`) and with onnxscript's `RewriteRule` (a pattern function, a
 check that fails with a reason, a replacement). Both run on the graph our
 pipeline hands the RMS norm fusion for keras-hub's Llama (4 layers x 256 wide,
@@ -33,23 +33,24 @@ from benchmarks.timing import time_side_by_side  # noqa: E402
 
 
 def graph_before_rms_norms(sizes: dict):
-    """The proto and shapes `fuse_rms_norms` gets when our pipeline exports Llama."""
+    """The proto and shapes `rms_norm.run` gets when our pipeline exports Llama."""
     import tempfile
 
-    from keras_layers.export import export_model, fusions
+    from keras_layers.export import export_model
     from keras_layers.export.options import ExportOptions
+    from keras_layers.export.passes.fusions import rms_norm
 
     model = attention_forms.build("LlamaBackbone", sizes)
     seen = {}
-    original = fusions.fuse_rms_norms
+    original = rms_norm.run
 
-    def keep(proto, shapes, declined=None):
-        seen["proto"], seen["shapes"] = copy.deepcopy(proto), shapes
-        return original(proto, shapes, declined)
+    def keep(proto, context):
+        seen["proto"], seen["shapes"] = copy.deepcopy(proto), context.shapes
+        return original(proto, context)
 
     with (
         tempfile.TemporaryDirectory() as folder,
-        mock.patch.object(fusions, "fuse_rms_norms", keep),
+        mock.patch.object(rms_norm, "run", keep),
     ):
         export_model(model, Path(folder) / "llama.onnx", ExportOptions(shapes=[(1, 8)]))
     return seen["proto"], seen["shapes"]

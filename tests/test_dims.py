@@ -13,8 +13,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from keras_layers.export.dims import Dim, share_equal_shapes, symbolic_dims
-from keras_layers.export.slimming import merge_common_subexpressions, remove_dead_nodes
+from keras_layers.export.graph import Dim, remove_dead_nodes, symbolic_dims
+from keras_layers.export.passes.common_subexpressions import merge_common_subexpressions
+from keras_layers.export.passes.share_shapes import share_equal_shapes
 
 WIDTH = 8
 

@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from keras_layers.export import fusions
-from keras_layers.export.fusions import (
+from keras_layers.export.passes.fusions import (
     gelu,
     layer_norm,
     matmul,

@@ -11,8 +11,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from keras_layers.export.slimming import remove_dead_nodes
-from keras_layers.export.stacks import fold_shapes_of_stacks, fold_stack_picks
+from keras_layers.export.graph import remove_dead_nodes
+from keras_layers.export.passes.stacks import fold_shapes_of_stacks, fold_stack_picks
 
 WHOLE = np.iinfo(np.int32).max
 SHAPE = (2, 3, 4)  # each stacked input

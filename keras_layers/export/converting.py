@@ -30,6 +30,8 @@ import numpy as np
 
 from keras_layers.export.compat import patched
 from keras_layers.export.errors import ConversionError, UsageError, argument
+from keras_layers.export.graph import free_names, subgraphs
+from keras_layers.export.op_handlers import HANDLERS
 from keras_layers.export.tracing import TracedModel
 
 DEFAULT_OPSET = 18
@@ -56,8 +58,6 @@ def read_weights(proto) -> set[str]:
     outputs (into Loop/If/Scan bodies too). Right after conversion they still
     carry the Keras paths of the weights, before any pass merges, reshapes or
     renames them: a weight missing here is one the exported outputs never read."""
-    from keras_layers.export.slimming import free_names, subgraphs
-
     graph = proto.graph
     producer = {name: node for node in graph.node for name in node.output}
     initializers = {init.name for init in graph.initializer}
@@ -307,8 +307,6 @@ def _tf2onnx(traced: TracedModel, opset: int, data_path: Path | None):
     import tensorflow as tf
     from tf2onnx import convert, optimizer, tf_loader, tf_utils, tfonnx
     from tf2onnx.graph import ExternalTensorStorage
-
-    from keras_layers.export.op_handlers import HANDLERS
 
     concrete = traced.function.get_concrete_function(*traced.signature)
     inputs = [t.name for t in concrete.inputs if t.dtype != tf.dtypes.resource]

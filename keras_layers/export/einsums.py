@@ -87,6 +87,13 @@ def explicit_ellipsis(subscripts: str, ranks: list) -> str | None:
     takes one. Letters that the equation does not use stand for the ellipsis
     axes. Only one operand may have ellipsis axes: between two, an ellipsis
     broadcasts size 1 against any size, which the same letter does not.
+
+    Args:
+        subscripts: the einsum equation, with "->".
+        ranks: each operand's rank (None where unknown: nothing is written out).
+
+    Returns:
+        The equation with letters for the ellipsis, or None.
     """
     inputs, arrow, output = subscripts.replace(" ", "").partition("->")
     parts = inputs.split(",")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from keras_layers.export.einsums import einsum_layout, explicit_ellipsis
 from keras_layers.export.errors import ConversionError, one_line
 from keras_layers.export.loading import LoadedModel, flatten, unique_variables
+from keras_layers.export.validating import keras_outputs, make_inputs
 
 WEIGHT_PREFIX = "__weight_"
 
@@ -170,8 +171,6 @@ def _raise_if_keras_itself_fails(loaded: LoadedModel) -> None:
     failure of the trace (a bug of ours, exit 3): run it eagerly on one small
     generated input, outside any tracing."""
     import numpy as np
-
-    from keras_layers.export.validating import keras_outputs, make_inputs
 
     keras_outputs(loaded, make_inputs(loaded, (1, 3), np.random.default_rng(0)), "1x3")
 

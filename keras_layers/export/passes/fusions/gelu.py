@@ -7,10 +7,16 @@ exact GELU (`ERFC_GELU`). On request the same pass fuses
 `SkipLayerNormalization`, ONNX Runtime's fusion too.
 """
 
+import contextlib
+import importlib
+import io
+
 import numpy as np
 from onnx import helper
 
-from keras_layers.export.fusions.pattern import (
+from keras_layers.export.graph import remove_dead_nodes
+from keras_layers.export.passes.context import Context, PassResult
+from keras_layers.export.passes.fusions.pattern import (
     Rule,
     apply,
     attribute,
@@ -20,6 +26,7 @@ from keras_layers.export.fusions.pattern import (
 
 # What `fuse_gelus` adds by default, each counted in the report's `fused`.
 GELU_FUSED = ("Gelu", "BiasGelu", "FastGelu", "QuickGelu")
+MAKES = GELU_FUSED
 
 
 def _skip_norm_declines(model, node):
@@ -164,8 +171,80 @@ ERFC_GELU = Rule(
 
 
 def fuse_erfc_gelus(proto, declined: list | None = None) -> int:
-    """Replace TensorFlow's exact GELU (see `_match_erfc_gelu`) by `com.microsoft.Gelu`."""
+    """Replace TensorFlow's exact GELU (see `_match_erfc_gelu`) by `com.microsoft.Gelu`.
+
+    Args:
+        proto: the ModelProto, rewritten in place.
+        declined: when given, gets (erf's output, reason) for each erf left alone.
+
+    Returns:
+        How many were replaced.
+    """
     return apply(ERFC_GELU, proto, [] if declined is None else declined)
+
+
+# The modules of `onnxruntime.transformers` the fusions come from.
+_ORT_MODULES = (
+    "fusion_biasgelu",
+    "fusion_fastgelu",
+    "fusion_gelu",
+    "fusion_quickgelu",
+    "fusion_skiplayernorm",
+    "onnx_model",
+)
+
+
+def _onnxruntime_fusions():
+    """{name: module} of `_ORT_MODULES`, or the ImportError that stops them.
+    (onnxruntime.transformers appends its folder to sys.path: its modules
+    import each other by bare name.)"""
+    try:
+        return {
+            name: importlib.import_module(f"onnxruntime.transformers.{name}")
+            for name in _ORT_MODULES
+        }
+    except ImportError as error:
+        return error
+
+
+def _steps(modules: dict, skip_norms: bool) -> list:
+    """(fusion class, its arguments, an op the graph must hold for it to find
+    anything), in the order ONNX Runtime's BERT optimizer runs them."""
+    biasgelu, skip = modules["fusion_biasgelu"], modules["fusion_skiplayernorm"]
+    steps = [
+        (_guarded(modules["fusion_gelu"].FusionGelu), (), "Erf"),
+        (_guarded(modules["fusion_fastgelu"].FusionFastGelu), (), "Tanh"),
+        (_guarded(modules["fusion_quickgelu"].FusionQuickGelu), (), "Sigmoid"),
+    ]
+    if skip_norms:
+        skip_norm = _guarded(skip.FusionSkipLayerNormalization, _skip_norm_declines)
+        steps.append((skip_norm, (), "LayerNormalization"))
+    steps += [
+        (_guarded(biasgelu.FusionBiasGelu, after=_bias_declines), (True,), "FastGelu"),
+        (_guarded(biasgelu.FusionBiasGelu, after=_bias_declines), (False,), "Gelu"),
+    ]
+    if skip_norms:
+        bias_skip = _guarded(skip.FusionBiasSkipLayerNormalization, after=_bias_declines)
+        steps.append((bias_skip, (), "SkipLayerNormalization"))
+    return steps
+
+
+def _run_steps(proto, model, steps: list, declined: list) -> None:
+    """Run each fusion of `steps` over ONNX Runtime's `model` of `proto`."""
+    outputs = {value.name for value in proto.graph.output}
+    for fusion_class, arguments, needed in steps:
+        # ONNX Runtime's constant lookups list every node each time, so a pass
+        # costs time quadratic in the graph's size: none is run that cannot
+        # match.
+        if not model.get_nodes_by_op_type(needed):  # subgraphs' nodes too
+            continue
+        # Its shape inference prints, rather than logs, when it fails.
+        with contextlib.redirect_stdout(io.StringIO()):
+            fusion = fusion_class(model, *arguments)
+        fusion.graph_outputs = outputs
+        # A QuickGelu reason for every Mul would drown the others.
+        fusion.declined = None if "QuickGelu" in fusion_class.__name__ else declined
+        fusion.apply()
 
 
 def fuse_gelus(proto, declined: list | None = None, skip_norms: bool = False) -> dict:
@@ -180,84 +259,63 @@ def fuse_gelus(proto, declined: list | None = None, skip_norms: bool = False) ->
     optimizer runs them, each wrapped by `_guarded` with our checks. The exact
     GELU TensorFlow writes it does not match; `fuse_erfc_gelus` does, first,
     so that its bias fusion sees that `Gelu` too. At load time ONNX Runtime's
-    CPU session fuses the tanh GELU itself, not the erfc one (measured, 1.32:
-    BiasGelu 2x faster than the 7 nodes at (8, 128, 1024)).
+    CPU session fuses the tanh GELU itself, not the erfc one, and BiasGelu
+    beats the nodes it replaces (docs/performance.md).
 
     `skip_norms` is off by default because ONNX Runtime's CPU
     SkipLayerNormalization kernel is slower than the `Add` and
-    `LayerNormalization` it replaces (measured, 1.32, float32, 1 thread:
-    8 of them take 10.2 ms against 1.8 ms at (8, 128, 256), 28 ms against
-    5 ms at (8, 128, 768); end to end, keras-hub BERT 4 layers 256 wide is
-    15% slower with them: 7.0 ms against 5.9 ms at (1, 128), 57 ms against
-    48 ms at (8, 128)). Its CUDA kernel is another matter.
+    `LayerNormalization` it replaces, alone and end to end
+    (benchmarks/results/real_models.json, `skip_norms`). Its CUDA kernel is
+    another matter.
 
     Dead nodes are dropped first: the LayerNorm fusion leaves the old
     decomposition reading the residual sum, and ONNX Runtime's skip fusion
     would keep that sum as an extra output. The skip fusion needs symbolic
     shape inference (both addends 3-D of one shape); where that fails, it
-    declines. Returns {op type: nodes of it added}, keys `GELU_FUSED` (and
-    "SkipLayerNormalization" with `skip_norms`); `declined`, when given, gets
-    (node output, reason) for each candidate left alone.
+    declines.
+
+    Args:
+        proto: the ModelProto, rewritten in place.
+        declined: when given, gets (node output, reason) for each candidate
+            left alone.
+        skip_norms: fuse `SkipLayerNormalization` too.
+
+    Returns:
+        {op type: nodes of it added}, keys `GELU_FUSED` (and
+        "SkipLayerNormalization" with `skip_norms`).
     """
-    import contextlib
-    import io
-
-    from keras_layers.export.slimming import remove_dead_nodes
-
     kinds = (*GELU_FUSED, "SkipLayerNormalization") if skip_norms else GELU_FUSED
     counts = dict.fromkeys(kinds, 0)
     declined = [] if declined is None else declined
-    try:  # (it appends its folder to sys.path: its modules import each other by bare name)
-        from onnxruntime.transformers import (
-            fusion_biasgelu,
-            fusion_fastgelu,
-            fusion_gelu,
-            fusion_quickgelu,
-            fusion_skiplayernorm,
-            onnx_model,
-        )
-    except ImportError as error:
-        declined.append(("", f"onnxruntime.transformers cannot be imported: {error}"))
+    modules = _onnxruntime_fusions()
+    if isinstance(modules, ImportError):
+        declined.append(("", f"onnxruntime.transformers cannot be imported: {modules}"))
         return counts
     remove_dead_nodes(proto)
     before = {op: sum(n.op_type == op for n in proto.graph.node) for op in kinds}
     fuse_erfc_gelus(proto, declined)
     remove_dead_nodes(proto)
-    model = onnx_model.OnnxModel(proto)
-    skip = fusion_skiplayernorm
-    # (fusion, its arguments, an op the graph must hold for it to find anything)
-    steps = [
-        (_guarded(fusion_gelu.FusionGelu), (), "Erf"),
-        (_guarded(fusion_fastgelu.FusionFastGelu), (), "Tanh"),
-        (_guarded(fusion_quickgelu.FusionQuickGelu), (), "Sigmoid"),
-    ]
-    if skip_norms:
-        skip_norm = _guarded(skip.FusionSkipLayerNormalization, _skip_norm_declines)
-        steps.append((skip_norm, (), "LayerNormalization"))
-    steps += [
-        (_guarded(fusion_biasgelu.FusionBiasGelu, after=_bias_declines), (True,), "FastGelu"),
-        (_guarded(fusion_biasgelu.FusionBiasGelu, after=_bias_declines), (False,), "Gelu"),
-    ]
-    if skip_norms:
-        bias_skip = _guarded(skip.FusionBiasSkipLayerNormalization, after=_bias_declines)
-        steps.append((bias_skip, (), "SkipLayerNormalization"))
-    outputs = {value.name for value in proto.graph.output}
-    for fusion_class, arguments, needed in steps:
-        # ONNX Runtime's constant lookups list every node each time, so a pass
-        # costs time quadratic in the graph's size (12 s at 10,000 nodes):
-        # none is run that cannot match.
-        if not model.get_nodes_by_op_type(needed):  # subgraphs' nodes too
-            continue
-        # Its shape inference prints, rather than logs, when it fails.
-        with contextlib.redirect_stdout(io.StringIO()):
-            fusion = fusion_class(model, *arguments)
-        fusion.graph_outputs = outputs
-        # A QuickGelu reason for every Mul would drown the others.
-        fusion.declined = None if "QuickGelu" in fusion_class.__name__ else declined
-        fusion.apply()
+    model = modules["onnx_model"].OnnxModel(proto)
+    _run_steps(proto, model, _steps(modules, skip_norms), declined)
     sort_topologically(proto.graph)
     for op in kinds:
         counts[op] = sum(n.op_type == op for n in proto.graph.node) - before[op]
     if any(counts.values()):
         use_contrib_domain(proto)
     return counts
+
+
+def run(proto, context: Context) -> PassResult:
+    """`fuse_gelus` as a pass (`context.skip_layer_norms` for `skip_norms`).
+
+    Args:
+        proto: the ModelProto, rewritten in place.
+        context: its `skip_layer_norms`.
+
+    Returns:
+        The nodes of each op added, and (node output, reason) for each
+        candidate left alone.
+    """
+    declined = []
+    counts = fuse_gelus(proto, declined, skip_norms=context.skip_layer_norms)
+    return PassResult(proto, counts, tuple(declined), sum(counts.values()))

@@ -7,7 +7,7 @@ repeating each key/value head for its query heads.
 from onnx import TensorProto
 
 from keras_layers.export.einsums import GROUPED_LOGITS, GROUPED_OUTPUT, einsum_layout
-from keras_layers.export.fusions.attention import (
+from keras_layers.export.passes.fusions.attention import (
     Attention,
     attention_mask,
     combined_scale,
@@ -44,6 +44,16 @@ def match_grouped(g, softmax, pv, zeroing, out):
     times for `MultiHeadAttention`, as keras-hub's Llama does in the graph
     itself. The mask must broadcast over the heads: (B or 1, 1, 1, T, S) or
     of rank up to 3.
+
+    Args:
+        g: the `Graph`.
+        softmax: the Softmax node.
+        pv: the MatMul weighing the values.
+        zeroing: the select after the softmax, or None.
+        out: the Transpose after `pv`.
+
+    Returns:
+        An `Attention`, or a reason.
     """
     shapes = g.shapes
     v = _grouped_side(g, pv.input[1], GROUPED_V)

@@ -16,7 +16,10 @@ know it.
 import numpy as np
 from onnx import TensorProto, helper
 
-from keras_layers.export.fusions.pattern import Rule, apply, last_axis_reduce
+from keras_layers.export.passes.context import Context, PassResult
+from keras_layers.export.passes.fusions.pattern import Rule, last_axis_reduce, run_rule
+
+MAKES = ("SimplifiedLayerNormalization",)
 
 
 def _match_rms_norm(g, mean):
@@ -79,11 +82,15 @@ RULE = Rule(
 )
 
 
-def fuse_rms_norms(proto, shapes: dict, declined: list | None = None) -> int:
+def run(proto, context: Context) -> PassResult:
     """Replace decomposed RMS norms by ONNX Runtime's `SimplifiedLayerNormalization`.
 
-    `shapes`: `tensor_shapes` of the graph. `declined`, when given, gets
-    (mean's output, reason) for each mean left alone. Returns how many were
-    replaced.
+    Args:
+        proto: the ModelProto, rewritten in place.
+        context: its `shapes` (`graph.tensor_shapes`) give x's type and width.
+
+    Returns:
+        How many were replaced, under "SimplifiedLayerNormalization", and
+        (mean's output, reason) for each mean left alone.
     """
-    return apply(RULE, proto, declined, shapes)
+    return run_rule(RULE, proto, context.shapes)

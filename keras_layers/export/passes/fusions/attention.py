@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto
 
-from keras_layers.export.fusions import pattern
+from keras_layers.export.passes.fusions import pattern
 
 # Masked logits get this additive bias where Keras selects 0.7 x the float32
 # maximum (-2.4e38) instead of the logit. Adding it to any logit below 1e31 in
@@ -29,7 +29,16 @@ def transposed(g, name, perm):
     """The input of `Transpose(x, perm)` producing `name`. Other nodes may read
     the transpose too (DeBERTa's relative terms read the key's): the fused op
     reads `x`, and the transpose stays for them. A `Reshape` that computes
-    that transpose counts too (see `_reshape_is_transpose`)."""
+    that transpose counts too (see `_reshape_is_transpose`).
+
+    Args:
+        g: the `Graph`.
+        name: the transposed tensor.
+        perm: the transpose wanted.
+
+    Returns:
+        x's name, or None.
+    """
     node = g.node(name, "Transpose")
     if node is None:
         reshape = g.node(name, "Reshape")
@@ -77,6 +86,13 @@ def heads_first(g, name):
     `repeat_kv` does: `Reshape(Tile(Unsqueeze(y, [2, 3]), [1, 1, 1, G, 1, 1]),
     (B, K * G, S, H))` of the heads-first y, so that head k * G + g reads head
     k, the order `MultiHeadAttention`'s rewrite repeats them in.
+
+    Args:
+        g: the `Graph`.
+        name: the heads-first tensor.
+
+    Returns:
+        (x, G), or None.
     """
     x = transposed(g, name, HEADS_FIRST)
     if x is not None:
@@ -203,8 +219,15 @@ def probabilities_reader(g, softmax):
     op gets the same and those rows are zeroed after it
     (`multi_head_attention._visible_rows`). GPT-OSS drops a sink's column
     from the probabilities first (`Slice(p, 0, -1)` on the last axis, see
-    `_sink_column`). Returns (matmul, zeroing Where or None, whether a last
-    column was dropped) or a reason.
+    `_sink_column`).
+
+    Args:
+        g: the `Graph`.
+        softmax: the Softmax node.
+
+    Returns:
+        (matmul, zeroing Where or None, whether a last column was dropped),
+        or a reason.
     """
     axis = next((a.i for a in softmax.attribute if a.name == "axis"), -1)
     if axis not in (-1, 3):
@@ -298,8 +321,16 @@ def attention_mask(g, masked, zeroing, shape_readers=None):
     masked where either is; the mask is then the tuple of both (not with a
     zeroing select).
     `Shape` readers of the masked logits join `shape_readers` when it is a
-    list (see `_sole_reader`). Returns (mask, logits), the mask a name, a
-    tuple of names or None; or a reason.
+    list (see `_sole_reader`).
+
+    Args:
+        g: the `Graph`.
+        masked: the masked logits the softmax reads.
+        zeroing: the select after the softmax, or None.
+        shape_readers: a list to add `Shape` readers to, or None.
+
+    Returns:
+        (mask, logits), the mask a name, a tuple of names or None; or a reason.
     """
     where = g.node(masked, "Where")
     if where is None:
@@ -341,8 +372,19 @@ def _sole_reader(g, name, shape_readers=None) -> bool:
 
 
 def scaled(g, name, shape_readers=None):
-    """(x, scale) for `Mul(x, scalar)` producing `name` (read only there, see
-    `_sole_reader`), else (name, None)."""
+    """x and the scalar for `Mul(x, scalar)` producing `name`.
+
+    The scalar is a constant, or computed from static dims (`static_value`).
+
+    Args:
+        g: the `Graph`.
+        name: the product.
+        shape_readers: a list to add `Shape` readers of `name` to, or None
+            (then `name` must have one reader, see `_sole_reader`).
+
+    Returns:
+        (x, scale), or (name, None) when `name` is no such product.
+    """
     mul = g.node(name, "Mul")
     if mul is None:
         return name, None
@@ -508,6 +550,17 @@ def match_plain(g, softmax, pv, zeroing, out, sliced=False):
     [, 0)], v^T))` with the logits of `_attention_logits` and q, k, v of shape
     (B, T, N, H) in float32; GPT-OSS's softmax reads its masked logits
     beside a column of sinks (`_sink_column`).
+
+    Args:
+        g: the `Graph`.
+        softmax: the Softmax node.
+        pv: the MatMul weighing the values.
+        zeroing: the select after the softmax, or None.
+        out: the node after `pv`.
+        sliced: whether a sink's column was dropped before `pv`.
+
+    Returns:
+        An `Attention`, or a reason.
     """
     shapes = g.shapes
     if out.op_type != "Transpose" or pattern.perm(out) != HEADS_FIRST:

@@ -15,7 +15,7 @@ twice along the last axis (`stack((f, f), -2)` reshaped). ONNX Runtime's
 (positions, H/2) table of cosines and one of sines.
 
 A match must prove every fact the op assumes, from the symbolic dims of
-`keras_layers.export.dims` (each dim an int times a product of input-axis
+`keras_layers.export.graph` (each dim an int times a product of input-axis
 names): x is (batch, sequence, heads, H) float32; the angles are
 (1, sequence, 1, H) for the same `sequence`, so row s of the table is
 position s (the op is given position offset 0; a decoder's cache offset is
@@ -30,8 +30,11 @@ alone, and `declined` says why.
 import numpy as np
 from onnx import TensorProto, helper
 
-from keras_layers.export.dims import ONE, Dim, symbolic_dims
-from keras_layers.export.fusions.pattern import Rule, apply
+from keras_layers.export.graph import ONE, Dim, symbolic_dims
+from keras_layers.export.passes.context import Context, PassResult
+from keras_layers.export.passes.fusions.pattern import Rule, run_rule
+
+MAKES = ("RotaryEmbedding",)
 
 TWO = Dim.of(2)
 # Views that keep the order of the values: they only insert or drop axes of
@@ -220,13 +223,20 @@ RULE = Rule(
 )
 
 
-def fuse_rotary_embeddings(proto, shapes: dict, positive=frozenset(), declined=None) -> int:
+def run(proto, context: Context) -> PassResult:
     """Replace each rotate-half rotary embedding by `RotaryEmbedding` (com.microsoft).
 
-    `shapes`: `fusions.tensor_shapes` (for element types); `positive`: the
-    input axis names that are at least 1 (as for `dims.symbolic_dims`). The
-    graph's dynamic axes must be named (`slimming.name_dynamic_axes`).
-    Returns how many rotations were fused.
+    The graph's dynamic axes must be named (the `axis_names` pass): the
+    match proves its facts from `graph.symbolic_dims`, which read them.
+
+    Args:
+        proto: the ModelProto, rewritten in place.
+        context: its `shapes` (`graph.tensor_shapes`, for element types) and
+            `positive` (the input axis names that are at least 1).
+
+    Returns:
+        How many rotations were fused, under "RotaryEmbedding", and
+        (candidate's output, reason) for each candidate left alone.
     """
-    dims = symbolic_dims(proto.graph, positive)
-    return apply(RULE, proto, declined, shapes, dims=dims)
+    dims = symbolic_dims(proto.graph, context.positive)
+    return run_rule(RULE, proto, context.shapes, dims)

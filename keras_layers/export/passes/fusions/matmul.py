@@ -8,7 +8,10 @@ needed.
 
 from onnx import helper
 
-from keras_layers.export.fusions.pattern import Rule, apply, perm
+from keras_layers.export.passes.context import Context, PassResult
+from keras_layers.export.passes.fusions.pattern import Rule, perm, run_rule
+
+MAKES = ("MatMul",)
 
 
 def _match_tensordot(g, reshape):
@@ -84,6 +87,15 @@ RULE = Rule(
 )
 
 
-def fuse_tensordot_matmuls(proto) -> int:
-    """`Reshape(MatMul(Reshape(x, [-1, d]), W), shape(x)[:-1] + [n])` -> `MatMul(x, W)`."""
-    return apply(RULE, proto)
+def run(proto, context: Context) -> PassResult:
+    """`Reshape(MatMul(Reshape(x, [-1, d]), W), shape(x)[:-1] + [n])` -> `MatMul(x, W)`.
+
+    Args:
+        proto: the ModelProto, rewritten in place.
+        context: not read (the match reads constants alone).
+
+    Returns:
+        How many were replaced, under "MatMul".
+    """
+    del context
+    return run_rule(RULE, proto)

@@ -9,16 +9,21 @@ and the zeroing of rows that see no key where Keras zeroes them.
 import numpy as np
 from onnx import helper
 
-from keras_layers.export.fusions import pattern
-from keras_layers.export.fusions.attention import (
+from keras_layers.export.passes.context import Context, PassResult
+from keras_layers.export.passes.fusions import pattern
+from keras_layers.export.passes.fusions.attention import (
     HEADS_FIRST,
     MASKED,
     Attention,
     match_plain,
     probabilities_reader,
 )
-from keras_layers.export.fusions.grouped_attention import GROUPED_BACK, match_grouped
-from keras_layers.export.fusions.pattern import Rule, apply, attribute, opset
+from keras_layers.export.passes.fusions.grouped_attention import GROUPED_BACK, match_grouped
+from keras_layers.export.passes.fusions.pattern import Rule, attribute, run_rule
+
+MAKES = ("MultiHeadAttention",)
+# Why each attention of a decoder with a cache is left alone (see `run`).
+CACHED = "attention in a decoder with a cache (measured slower fused, see fuse_attention)"
 
 
 def _match(g, softmax):
@@ -36,11 +41,15 @@ def _match(g, softmax):
         found = match_plain(g, softmax, pv, zeroing, out, sliced)
     if isinstance(found, str):
         return found
-    if g.cached:
-        return "attention in a decoder with a cache (measured slower fused, see fuse_attention)"
     if isinstance(found.mask, str):
         found.mask_rank = len(g.shapes.get(found.mask, ((),))[0])
     return found
+
+
+def _match_uncached(g, softmax):
+    """`_match`, every attention found declined for `CACHED`."""
+    found = _match(g, softmax)
+    return found if found is None or isinstance(found, str) else CACHED
 
 
 def _visible_rows(edit, mask, rank):
@@ -137,105 +146,113 @@ def _with_sinks(edit, match: Attention, name: dict, nodes: list, bias) -> list:
     return [name["q"], made["k"], made["v"], "", "", made["bias"]]
 
 
-def _rewrite(edit, match: Attention) -> None:
-    """`match` as a `MultiHeadAttention` and the nodes around it (see `fuse_attention`)."""
-    q, k, v, mask, out = match.q, match.k, match.v, match.mask, match.out
-    heads, size, groups = match.heads, match.size, match.groups
-    labels = ("q", "k", "v", "b", "t", "s", "bias_shape", "bias", "out", "heads", "kept")
-    name = {label: edit.fresh(f"{out.output[0]}_mha_{label}") for label in labels}
-    # Not [0, 0, -1]: with 0 batch or sequence, -1 cannot be inferred.
-    flat = edit.constant(f"mha_flat_{heads * size}", np.array([0, 0, heads * size], np.int64))
-    nodes = []
-    if groups > 1:  # each key and value head repeated for its G query heads
+class _Fused:
+    """The nodes that replace one matched attention, built step by step by
+    `_rewrite`. Nodes computed from a mask alone are made once for every
+    layer that reads the mask, right after it (`place`)."""
+
+    def __init__(self, edit, match: Attention):
+        self.edit, self.match = edit, match
+        labels = ("q", "k", "v", "b", "t", "s", "bias_shape", "bias", "out", "heads", "kept")
+        self.name = {label: edit.fresh(f"{match.out.output[0]}_mha_{label}") for label in labels}
+        self.nodes = []
+        self.anchor = match.mask  # the mask's own nodes go just after it
+
+    def place(self, made: list) -> None:
+        """Nodes computed from the mask alone: after it, or here if it is new."""
+        if isinstance(self.anchor, str):
+            self.edit.after(self.anchor, made)
+        else:
+            self.nodes.extend(made)
+
+    def repeated(self, k, v) -> tuple[str, str]:
+        """k and v with each key and value head repeated for its G query heads."""
+        edit, groups = self.edit, self.match.groups
         repeat = edit.constant(f"mha_groups_{groups}", np.array([1, 1, 1, groups, 1], np.int64))
         axis = edit.constant("mha_group_axis", np.array([3], np.int64))
         repeated = []
         for label, source in (("k", k), ("v", v)):
-            wide = edit.fresh(f"{name[label]}_groups")
-            nodes += [
+            wide = edit.fresh(f"{self.name[label]}_groups")
+            self.nodes += [
                 helper.make_node("Unsqueeze", [source, axis], [f"{wide}_1"]),
                 helper.make_node("Expand", [f"{wide}_1", repeat], [wide]),
             ]
             repeated.append(wide)
-        k, v = repeated
-    nodes += [
-        helper.make_node("Reshape", [source, flat], [name[label]])
-        for source, label in ((q, "q"), (k, "k"), (v, "v"))
-    ]
-    inputs = [name["q"], name["k"], name["v"]]
-    anchor = mask  # the mask's own nodes go just after it, made once for every layer
+        return repeated[0], repeated[1]
 
-    def place(made: list) -> None:
-        """Nodes computed from the mask alone: after it, or here if it is new."""
-        if isinstance(anchor, str):
-            edit.after(anchor, made)
-        else:
-            nodes.extend(made)
+    def mask(self):
+        """The boolean mask the fused op's bias is built from: several masks
+        combined (kept where all keep it), a 5-D one squeezed to 4-D."""
+        edit, match, mask, anchor = self.edit, self.match, self.match.mask, self.anchor
+        if isinstance(mask, tuple):
 
-    if isinstance(mask, tuple):  # selected by each mask: kept where all keep it
+            def combined():
+                made = mask[0]
+                for other in mask[1:]:
+                    and_ = helper.make_node("And", [made, other], [edit.fresh(f"{made}_and")])
+                    self.nodes.append(and_)
+                    made = and_.output[0]
+                return made
 
-        def combined():
-            made = mask[0]
-            for other in mask[1:]:
-                nodes.append(helper.make_node("And", [made, other], [edit.fresh(f"{made}_and")]))
-                made = nodes[-1].output[0]
+            mask = edit.once(("and", mask), combined)
+        if mask is not None and match.five_d and match.mask_rank == 5:
+
+            def squeezed():  # (B or 1, 1, 1, T, S) to (B or 1, 1, T, S)
+                made = edit.fresh(f"{anchor}_4d")
+                axis = edit.constant("mha_head_axis", np.array([1], np.int64))
+                edit.after(anchor, [helper.make_node("Squeeze", [anchor, axis], [made])])
+                return made
+
+            mask = edit.once(("squeezed", anchor), squeezed)
+        return mask
+
+    def bias(self, mask):
+        """The additive bias: the mask's (0 kept, `MASKED` masked), plus the
+        terms added to the logits, scaled, summed once for all the layers that
+        read them, before the first of those layers; None for neither."""
+        edit, match = self.edit, self.match
+
+        def mask_bias():
+            made = edit.fresh(f"{mask}_bias")
+            zero = edit.constant("mha_zero", np.float32(0))
+            masked = edit.constant("mha_masked", MASKED)
+            self.place([helper.make_node("Where", [mask, zero, masked], [made])])
             return made
 
-        mask = edit.once(("and", mask), combined)
+        bias = None if mask is None else edit.once(("bias", mask), mask_bias)
+        if match.bias is None:
+            return bias
 
-    if mask is not None and match.five_d and match.mask_rank == 5:
+        def add(op, inputs, label):
+            self.nodes.append(helper.make_node(op, inputs, [edit.fresh(label)]))
+            return self.nodes[-1].output[0]
 
-        def squeezed():  # (B or 1, 1, 1, T, S) to (B or 1, 1, T, S)
-            made = edit.fresh(f"{anchor}_4d")
-            axis = edit.constant("mha_head_axis", np.array([1], np.int64))
-            edit.after(anchor, [helper.make_node("Squeeze", [anchor, axis], [made])])
-            return made
-
-        mask = edit.once(("squeezed", anchor), squeezed)
-
-    def mask_bias():
-        made = edit.fresh(f"{mask}_bias")
-        zero, masked = edit.constant("mha_zero", np.float32(0)), edit.constant("mha_masked", MASKED)
-        place([helper.make_node("Where", [mask, zero, masked], [made])])
-        return made
-
-    bias = None if mask is None else edit.once(("bias", mask), mask_bias)
-    if match.bias is not None:
-        # The added bias, scaled and summed with the mask's once for all the
-        # layers that read them, before the first of those layers.
         def total_bias():
             total = match.bias[0]
             for term in match.bias[1:]:  # XLNet's position and segment terms
-                nodes.append(helper.make_node("Add", [total, term], [edit.fresh(f"{term}_sum")]))
-                total = nodes[-1].output[0]
+                total = add("Add", [total, term], f"{term}_sum")
             if match.bias_scale is not None:
                 factor = edit.constant(
                     f"mha_bias_scale_{match.bias_scale}", np.float32(match.bias_scale)
                 )
-                nodes.append(
-                    helper.make_node("Mul", [total, factor], [edit.fresh(f"{total}_scaled")])
-                )
-                total = nodes[-1].output[0]
+                total = add("Mul", [total, factor], f"{total}_scaled")
             if mask is not None:
-                nodes.append(
-                    helper.make_node("Add", [bias, total], [edit.fresh(f"{total}_masked")])
-                )
-                total = nodes[-1].output[0]
+                total = add("Add", [bias, total], f"{total}_masked")
             return total
 
-        bias = edit.once(("bias", mask, match.bias, match.bias_scale), total_bias)
-    if match.sinks is not None:
-        inputs = _with_sinks(edit, match, name, nodes, bias)
-    elif bias is not None:
-        # The bias must be (B or 1, N or 1, T, S): expand what it lacks.
-        # Expand broadcasts both ways, so a batch or head axis of the bias's
-        # own stays as it is and a missing one becomes B or 1.
-        one = edit.constant("mha_one", np.array([1], np.int64))
+        return edit.once(("bias", mask, match.bias, match.bias_scale), total_bias)
+
+    def expanded(self, q, k, bias) -> list:
+        """The bias expanded to (B or 1, N or 1, T, S), the fused op's last
+        inputs. Expand broadcasts both ways, so a batch or head axis of the
+        bias's own stays as it is and a missing one becomes B or 1."""
+        name = self.name
+        one = self.edit.constant("mha_one", np.array([1], np.int64))
         batch = one
-        if match.bias is None:  # the mask's bias alone: expanded to (B, 1, T, S)
-            nodes.append(helper.make_node("Shape", [q], [name["b"]], start=0, end=1))
+        if self.match.bias is None:  # the mask's bias alone: expanded to (B, 1, T, S)
+            self.nodes.append(helper.make_node("Shape", [q], [name["b"]], start=0, end=1))
             batch = name["b"]
-        nodes += [
+        self.nodes += [
             helper.make_node("Shape", [q], [name["t"]], start=1, end=2),
             helper.make_node("Shape", [k], [name["s"]], start=1, end=2),
             helper.make_node(
@@ -243,47 +260,76 @@ def _rewrite(edit, match: Attention) -> None:
             ),
             helper.make_node("Expand", [bias, name["bias_shape"]], [name["bias"]]),
         ]
-        inputs += ["", "", name["bias"]]
+        return ["", "", name["bias"]]
+
+    def output(self, mask) -> None:
+        """The fused op's output back in the matched output's shape, its rows
+        that see no key zeroed where Keras zeroes them."""
+        edit, match, name = self.edit, self.match, self.name
+        heads, size = match.heads, match.size
+        split = edit.constant(f"mha_split_{heads}_{size}", np.array([0, 0, heads, size], np.int64))
+        back = split
+        if match.five_d:
+            kv_heads = heads // match.groups
+            back = edit.constant(
+                f"mha_split_{kv_heads}_{match.groups}_{size}",
+                np.array([0, 0, kv_heads, match.groups, size], np.int64),
+            )
+        if not match.zeroes_masked_rows:
+            self.nodes.append(helper.make_node("Reshape", [name["out"], back], []))
+            return
+
+        # The fused op gives a query that sees no key the mean of the values
+        # (uniform weights); keras.layers.Softmax gives it 0.
+        def rows():
+            rank = 4 if mask != self.anchor else match.mask_rank
+            computed, made = _visible_rows(edit, mask, rank)
+            self.place(computed)
+            return made
+
+        visible = edit.once(("visible", mask), rows)
+        zero = edit.constant("mha_zero", np.float32(0))
+        self.nodes += [
+            helper.make_node("Reshape", [name["out"], split], [name["heads"]]),
+            helper.make_node("Where", [visible, name["heads"], zero], [name["kept"]]),
+        ]
+        if match.five_d:
+            self.nodes.append(helper.make_node("Reshape", [name["kept"], back], []))
+
+
+def _rewrite(edit, match: Attention) -> None:
+    """`match` as a `MultiHeadAttention` and the nodes around it (see `run`)."""
+    fused = _Fused(edit, match)
+    q, k, v, heads, size = match.q, match.k, match.v, match.heads, match.size
+    # Not [0, 0, -1]: with 0 batch or sequence, -1 cannot be inferred.
+    flat = edit.constant(f"mha_flat_{heads * size}", np.array([0, 0, heads * size], np.int64))
+    if match.groups > 1:
+        k, v = fused.repeated(k, v)
+    fused.nodes += [
+        helper.make_node("Reshape", [source, flat], [fused.name[label]])
+        for source, label in ((q, "q"), (k, "k"), (v, "v"))
+    ]
+    inputs = [fused.name["q"], fused.name["k"], fused.name["v"]]
+    mask = fused.mask()
+    bias = fused.bias(mask)
+    if match.sinks is not None:
+        inputs = _with_sinks(edit, match, fused.name, fused.nodes, bias)
+    elif bias is not None:
+        inputs += fused.expanded(q, k, bias)
     for reader in match.shape_readers:
         _logits_shape(edit, q, k, heads, reader)
-    nodes.append(
+    fused.nodes.append(
         helper.make_node(
             "MultiHeadAttention",
             inputs,
-            [name["out"]],
+            [fused.name["out"]],
             domain="com.microsoft",
             num_heads=heads,
             scale=match.scale,
         )
     )
-    split = edit.constant(f"mha_split_{heads}_{size}", np.array([0, 0, heads, size], np.int64))
-    back = split
-    if match.five_d:
-        kv_heads = heads // groups
-        back = edit.constant(
-            f"mha_split_{kv_heads}_{groups}_{size}",
-            np.array([0, 0, kv_heads, groups, size], np.int64),
-        )
-    if match.zeroes_masked_rows:
-        # The fused op gives a query that sees no key the mean of the values
-        # (uniform weights); keras.layers.Softmax gives it 0.
-        def rows():
-            rank = 4 if mask != anchor else match.mask_rank
-            computed, made = _visible_rows(edit, mask, rank)
-            place(computed)
-            return made
-
-        visible = edit.once(("visible", mask), rows)
-        zero = edit.constant("mha_zero", np.float32(0))
-        nodes += [
-            helper.make_node("Reshape", [name["out"], split], [name["heads"]]),
-            helper.make_node("Where", [visible, name["heads"], zero], [name["kept"]]),
-        ]
-        if match.five_d:
-            nodes.append(helper.make_node("Reshape", [name["kept"], back], []))
-    else:
-        nodes.append(helper.make_node("Reshape", [name["out"], back], []))
-    edit.replace(out, nodes)
+    fused.output(mask)
+    edit.replace(match.out, fused.nodes)
 
 
 RULE = Rule(
@@ -293,9 +339,13 @@ RULE = Rule(
     match=_match,
     rewrite=_rewrite,
 )
+# The rule for a decoder with a cache: every attention found is declined.
+UNCACHED_ONLY = Rule(
+    makes=RULE.makes, anchor=RULE.anchor, form=RULE.form, match=_match_uncached, rewrite=_rewrite
+)
 
 
-def fuse_attention(proto, shapes: dict, declined: list | None = None, cached: bool = False) -> int:
+def run(proto, context: Context) -> PassResult:
     """Replace the traced attention by ONNX Runtime's `MultiHeadAttention`.
 
     The trace leaves each attention as 3 transposes in, a scaled `MatMul`, the
@@ -305,29 +355,33 @@ def fuse_attention(proto, shapes: dict, declined: list | None = None, cached: bo
     (see `attention.probabilities_reader`). One contrib
     `MultiHeadAttention` node computes the same (the scale as its `scale`, the
     mask as an additive bias, see `attention.MASKED`) without writing the
-    (B, N, T, S) logits to memory three times: measured side by side on the
-    reference encoder at batch 1, 15% faster at 2048 tokens, 14% at 1024, 7%
-    at 512, 1% at 128; 4% at (8, 128); on keras-hub's BERT with dropout
-    (4 layers, 256 wide, 1 thread) 4-5% at (1, 128) and (8, 128). ONNX
-    Runtime's own fusion (`onnxruntime.transformers`) matches BERT's PyTorch
-    and TF1 graphs and fuses none of these (see the module docstring).
+    (B, N, T, S) logits to memory three times (fused against unfused:
+    benchmarks/results/attention_forms.json). ONNX Runtime's own fusion
+    (`onnxruntime.transformers`) matches BERT's PyTorch and TF1 graphs and
+    fuses none of these (see the package docstring).
 
     One difference remains: a NaN or infinite logit at a masked position,
     which Keras' select discards, survives the additive bias. Finite inputs
     give finite logits, so only a model that already computes NaN at its
     padded positions sees it. Needs opset 15 (`Shape` with `start`/`end`).
 
-    `declined`, when given, gets (softmax output, reason) for each softmax left
-    alone. `cached=True` (a decoder exported with its cache) leaves every
-    attention alone, with that reason: each new token is one query against
+    A decoder exported with its cache (`context.cached_decoder`) keeps every
+    attention, with the reason `CACHED`: each new token is one query against
     the whole cache, so the logits the fused op keeps out of memory are
     small, and what it adds (the cache reshaped, the mask's bias expanded,
-    grouped key/value heads repeated) is paid at every token. Measured by
-    `benchmarks/cached_attention.py` (keras-hub GPT-2 and Gemma, 4 layers
-    256 wide, 32 new tokens): fused 1.02x to 1.22x the unfused time.
+    grouped key/value heads repeated) is paid at every token
+    (benchmarks/results/cached_attention.json: fused slower at every size).
+
+    Args:
+        proto: the ModelProto, rewritten in place.
+        context: its `shapes` (`graph.tensor_shapes`), `opset` and
+            `cached_decoder`.
+
+    Returns:
+        How many were replaced, under "MultiHeadAttention", and (softmax
+        output, reason) for each softmax left alone.
     """
-    declined = [] if declined is None else declined
-    if opset(proto) < 15:
-        declined.append(("", "opset below 15"))
-        return 0
-    return apply(RULE, proto, declined, shapes, cached=cached)
+    if context.opset < 15:
+        return PassResult(proto, {"MultiHeadAttention": 0}, (("", "opset below 15"),))
+    rule = UNCACHED_ONLY if context.cached_decoder else RULE
+    return run_rule(rule, proto, context.shapes)

@@ -11,7 +11,10 @@ this one (measured: 0 fusions on the reference encoder). Needs opset 17.
 import numpy as np
 from onnx import helper
 
-from keras_layers.export.fusions.pattern import Rule, apply, last_axis_reduce, opset
+from keras_layers.export.passes.context import Context, PassResult
+from keras_layers.export.passes.fusions.pattern import Rule, last_axis_reduce, run_rule
+
+MAKES = ("LayerNormalization",)
 
 
 def _match_layer_norm(g, add):
@@ -104,11 +107,17 @@ RULE = Rule(
 )
 
 
-def fuse_layer_norms(proto, ranks: dict) -> int:
+def run(proto, context: Context) -> PassResult:
     """Replace decomposed LayerNorms by `LayerNormalization` (opset 17+).
 
-    `ranks`: `tensor_ranks` of the graph. Returns how many were replaced.
+    Args:
+        proto: the ModelProto, rewritten in place.
+        context: its `shapes` give the ranks the match checks; below opset
+            17 nothing is fused.
+
+    Returns:
+        How many were replaced, under "LayerNormalization".
     """
-    if opset(proto) < 17:
-        return 0
-    return apply(RULE, proto, ranks=ranks)
+    if context.opset < 17:
+        return PassResult(proto, {"LayerNormalization": 0})
+    return run_rule(RULE, proto, context.shapes)

@@ -9,9 +9,9 @@ and per key/value, then picked apart by the next layer (keras-hub's
 `call_with_cache` takes one stacked cache, `keras_layers.export.causal_lm`
 builds it from the per-layer inputs): ONNX Runtime copies the whole cache for
 every stack and every pick, which cost a decoder more time per token than all
-its matrix products (ONNX Runtime's profiler on a 7.5M-parameter GPT-2 at
-batch 8: 69% of a step in `Concat`, `Slice`, `Where`, `Transpose` and `Pad`;
-`benchmarks/generate.py` measures the gain, docs/generation.md).
+its matrix products (ONNX Runtime's profiler put most of a step in `Concat`,
+`Slice`, `Where`, `Transpose` and `Pad`; benchmarks/results/generate.json
+times the files as exported, docs/generation.md).
 
 The rule is exact, and only constants decide it: `Squeeze(Slice(X, starts,
 ends, axes), axes')` that takes one index on each squeezed axis (the other
@@ -22,14 +22,16 @@ and the graph is left as it was.
 """
 
 import numpy as np
+from onnx import helper, numpy_helper
+
+from keras_layers.export.graph import remove_dead_nodes, rename_reads
+from keras_layers.export.passes.context import Context, PassResult
 
 # tf2onnx writes "to the end" as the largest int32 (or int64).
 _WHOLE = np.iinfo(np.int32).max
 
 
 def _constants(graph) -> dict:
-    from onnx import numpy_helper
-
     return {
         init.name: numpy_helper.to_array(init)
         for init in graph.initializer
@@ -107,8 +109,6 @@ class _Folder:
         return None
 
     def _transpose(self, source: str, perm: list, like: str) -> str:
-        from onnx import helper
-
         output = f"{like}_picked_{len(self.new_nodes)}"
         self.new_nodes.append(
             helper.make_node("Transpose", [source], [output], name=output, perm=perm)
@@ -137,8 +137,6 @@ def _until_unchanged(proto, once, between=None) -> int:
 
 
 def _fold_once(graph) -> int:
-    from keras_layers.export.slimming import _rename_reads
-
     folder = _Folder(graph)
     readers = {}
     for node in graph.node:
@@ -163,7 +161,7 @@ def _fold_once(graph) -> int:
             renames[squeeze.output[0]] = found
     if not renames:
         return 0
-    _rename_reads(graph, renames)
+    rename_reads(graph, renames)
     # The Squeezes stay (nothing reads them now), so a name is never renamed
     # twice; each new Transpose goes right before the first node reading it.
     placed = {node.output[0]: node for node in folder.new_nodes}
@@ -190,8 +188,6 @@ def fold_shapes_of_stacks(proto) -> int:
     input's shape with the concatenated axis summed; `Unsqueeze` inserts a 1.
     Returns how many `Shape` nodes were rewritten (until none is left).
     """
-    from keras_layers.export.slimming import remove_dead_nodes
-
     return _until_unchanged(proto, _shapes_once, between=remove_dead_nodes)
 
 
@@ -209,8 +205,6 @@ class _ShapeArithmetic:
         return name
 
     def const(self, values) -> str:
-        from onnx import numpy_helper
-
         name = self.fresh("const")
         array = np.array(values, np.int64)
         self.graph.initializer.append(numpy_helper.from_array(array, name))
@@ -218,8 +212,6 @@ class _ShapeArithmetic:
 
     def dims(self, tensor: str, start: int, end: int) -> str:
         """`Shape(tensor)[start:end]`."""
-        from onnx import helper
-
         shape, out = self.fresh("shape"), self.fresh("dims")
         self.nodes.append(helper.make_node("Shape", [tensor], [shape]))
         slice_inputs = [shape, self.const([start]), self.const([end])]
@@ -227,8 +219,6 @@ class _ShapeArithmetic:
         return out
 
     def node(self, op: str, inputs: list, **attributes) -> str:
-        from onnx import helper
-
         out = self.fresh(op.lower())
         self.nodes.append(helper.make_node(op, inputs, [out], **attributes))
         return out
@@ -294,3 +284,21 @@ def _shapes_once(graph) -> int:
     del graph.node[:]
     graph.node.extend(nodes)
     return len(added)
+
+
+def run(proto, context: Context) -> PassResult:
+    """Fold the picks of stacked tensors, then the shapes of the stacks left.
+
+    Args:
+        proto: the ModelProto, rewritten in place.
+        context: not read (only constants decide the rewrite).
+
+    Returns:
+        The picks folded (the report's `stack_picks_folded`).
+    """
+    del context
+    picks = fold_stack_picks(proto)
+    if picks:
+        remove_dead_nodes(proto)
+        fold_shapes_of_stacks(proto)
+    return PassResult(proto, changed=picks, report={"stack_picks_folded": picks})

@@ -1,0 +1,120 @@
+"""Repeated weights stored once.
+
+The trace stage already keeps a tied embedding from being folded into a
+second, transposed constant (see `keras_layers/export/tracing.py`); this pass
+catches what other graphs repeat (equal LayerNorm scales, a transposed copy a
+model computes itself). No maintained tool deduplicates a transposed copy
+(onnxslim and onnxoptimizer compare tensors only as they are), so this pass
+does it: an exact duplicate is replaced by the original, a transposed one by a
+`Transpose` node of the original, which ONNX Runtime folds once when the
+session loads.
+"""
+
+import hashlib
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from keras_layers.export.graph import rename_reads
+from keras_layers.export.passes.context import Context, PassResult
+
+# Tensors smaller than this are not worth hashing.
+_MIN_DEDUPE_ELEMENTS = 64
+
+
+def _digest(array: np.ndarray) -> str:
+    return hashlib.sha256(memoryview(np.ascontiguousarray(array))).hexdigest()
+
+
+def _transpose_of(init, original: str) -> object:
+    """A `Transpose` node making `init` from the tensor `original`."""
+    return onnx.helper.make_node(
+        "Transpose", [original], [init.name], perm=[1, 0], name=f"{init.name}/tied_transpose"
+    )
+
+
+def deduplicate_initializers(proto) -> list:
+    """Store every repeated or transposed weight once; returns what changed:
+    (removed, kept, "same" or "T") for each weight removed."""
+    graph = proto.graph
+    seen = {}  # (dtype, shape, digest) -> name of the first tensor with that content
+    shapes = set()  # (dtype, shape) of the tensors in `seen`
+    changes, renames, transposes = [], {}, []
+    removed = []  # positions in graph.initializer
+    for position, init in enumerate(graph.initializer):
+        size = int(np.prod(init.dims)) if init.dims else 1
+        if size < _MIN_DEDUPE_ELEMENTS or init.data_location == onnx.TensorProto.EXTERNAL:
+            continue  # a weight already in the data file is one variable, stored once
+        array = numpy_helper.to_array(init)
+        key = (array.dtype.str, array.shape, _digest(array))
+        if key in seen:
+            renames[init.name] = seen[key]
+            changes.append((init.name, seen[key], "same"))
+            removed.append(position)
+            continue
+        # Hash the transpose (a full copy) only if a tensor of that shape exists.
+        if array.ndim == 2 and (array.dtype.str, array.shape[::-1]) in shapes:
+            transposed_key = (array.dtype.str, array.shape[::-1], _digest(array.T))
+            if transposed_key in seen:
+                transposes.append(_transpose_of(init, seen[transposed_key]))
+                changes.append((init.name, seen[transposed_key], "T"))
+                removed.append(position)
+                continue
+        seen[key] = init.name
+        shapes.add(key[:2])
+    if not changes:
+        return changes
+    for position in reversed(removed):  # in place: no copy of the kept weights
+        del graph.initializer[position]
+    rename_reads(graph, renames)
+    for output in graph.output:
+        if output.name in renames:
+            raise ValueError(f"graph output {output.name} is a duplicated weight")
+    nodes = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(transposes + nodes)
+    return changes
+
+
+def shared_weights(proto, min_elements: int = _MIN_DEDUPE_ELEMENTS) -> list:
+    """Weights read by more than one node.
+
+    A tied embedding shows up here once, read by the lookup (`Gather`) and by
+    the output projection (`Transpose`, or `MatMul` after quantization).
+
+    Args:
+        proto: the ModelProto.
+        min_elements: smaller weights are left out.
+
+    Returns:
+        `(name, shape, [reader op types])` for each.
+    """
+    readers = {}
+    for node in proto.graph.node:
+        for name in set(node.input):
+            readers.setdefault(name, []).append(node.op_type)
+    shared = []
+    for init in proto.graph.initializer:
+        size = int(np.prod(init.dims)) if init.dims else 1
+        if size >= min_elements and len(readers.get(init.name, [])) > 1:
+            shared.append((init.name, list(init.dims), sorted(readers[init.name])))
+    return shared
+
+
+def run(proto, context: Context) -> PassResult:
+    """`deduplicate_initializers` as a pass.
+
+    Args:
+        proto: the ModelProto, changed in place.
+        context: not read.
+
+    Returns:
+        The weights removed (the report's `deduplicated`).
+
+    Raises:
+        ValueError: a graph output is a duplicated weight.
+    """
+    del context
+    changes = deduplicate_initializers(proto)
+    return PassResult(proto, changed=len(changes), report={"deduplicated": changes})
