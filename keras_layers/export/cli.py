@@ -18,6 +18,8 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
+from keras_layers.export import startup
+
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 DEMO_NAME = "demo_encoder.keras"
 # The API's argument names as the command line spells them, for error messages.
@@ -427,9 +429,19 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
 
 
 def run(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> int:
-    """The console command: `main` on `sys.argv`. (`keras_layers/__init__.py`
-    has already kept native libraries' start-up lines off the terminal.)"""
-    return main(sys.argv[1:] if argv is None else argv, prog=prog, demo_dir=demo_dir)
+    """The commands' entry point: set up the process, then `main`.
+
+    Args:
+        argv: the arguments (default `sys.argv[1:]`).
+        prog: the command's name in usage lines.
+        demo_dir: where the demo's files go (default `default_demo_dir()`).
+
+    Returns:
+        The exit code.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    startup.prepare_process(argv)
+    return main(argv, prog=prog, demo_dir=demo_dir)
 
 
 if __name__ == "__main__":
