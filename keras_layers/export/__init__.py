@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # what type checkers and the API docs read
         ValidationFailed,
     )
     from keras_layers.export.generation import CachedDecoder, generate
+    from keras_layers.export.inputs import InputRole
+    from keras_layers.export.options import ExportOptions
     from keras_layers.export.pipeline import export_model
 
 # Every name is imported on first use (PEP 562): importing this package runs
@@ -40,6 +42,8 @@ _MODULES = {
     "CachedDecoder": "keras_layers.export.generation",
     "generate": "keras_layers.export.generation",
     "export_model": "keras_layers.export.pipeline",
+    "ExportOptions": "keras_layers.export.options",
+    "InputRole": "keras_layers.export.inputs",
     **dict.fromkeys(
         (
             "ConversionError",
@@ -57,6 +61,8 @@ __all__ = [
     "CachedDecoder",
     "ConversionError",
     "ExportError",
+    "ExportOptions",
+    "InputRole",
     "ModelLoadError",
     "OutputError",
     "UsageError",

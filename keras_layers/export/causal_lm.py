@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from keras_layers.export import generation, validating
+from keras_layers.export.compat import patched
 from keras_layers.export.errors import UsageError, one_line
 from keras_layers.export.loading import LoadedModel, TensorInfo, flatten
 from keras_layers.export.tracing import TracedModel, trace_call
@@ -245,11 +246,8 @@ def _cache_writes_as_appends(start, stacked, pasts: dict):
         kept = pasts[found] if found in pasts else inputs[:, :start]
         return tf.concat([kept, tf.cast(updates, inputs.dtype)], axis=1)
 
-    core.slice_update = slice_update
-    try:
+    with patched(core, "slice_update", slice_update):
         yield
-    finally:
-        core.slice_update = original
 
 
 @dataclass

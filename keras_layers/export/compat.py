@@ -1,9 +1,9 @@
 """The one place where the export touches other libraries' internals.
 
-Every attribute of Keras, TensorFlow or NumPy that the export swaps for the
-length of one call is listed in `INTERNALS`, with the versions it was written
-for and why, and swapped only through `patched`, which puts the original back
-whatever happens. `tests/test_compat.py` checks that each listed attribute
+Every private attribute of Keras, TensorFlow or NumPy that the export uses is
+listed in `INTERNALS`, with the versions it was written for and why. Those it
+swaps for the length of one call are swapped only through `patched`, which
+puts the original back whatever happens. `tests/test_compat.py` checks that each listed attribute
 still exists in the versions installed, so an upgrade that removes one fails
 loudly in the tests instead of silently changing an export.
 """
@@ -18,25 +18,28 @@ _MISSING = object()
 
 @dataclass(frozen=True)
 class Internal:
-    """One attribute of another library that the export swaps.
+    """One private attribute of another library that the export uses.
 
     Attributes:
         module: the module that holds it, or holds the class that does.
-        path: the attribute, dotted from the module (`"KerasVariable._direct_assign"`).
-        written_for: the library and versions the replacement was written against.
-        user: the function of ours that swaps it, and why.
-        may_be_absent: True when the swap is skipped where the attribute is missing
-            (an optional fast path), False when the export needs it.
+        path: the attribute, dotted from the module (`"Variable._direct_assign"`).
+        written_for: the library and versions our code was written against.
+        user: the function of ours that uses it, and why.
+        swapped: True when `patched` replaces it for the length of a call,
+            False when our code only reads or calls it.
+        added: True for an attribute the installed versions lack and the
+            export adds for a call (`numpy.product`, gone in NumPy 2).
     """
 
     module: str
     path: str
     written_for: str
     user: str
-    may_be_absent: bool = False
+    swapped: bool = True
+    added: bool = False
 
     def owner(self):
-        """The object whose attribute is swapped (imports its module)."""
+        """The object whose attribute it is (imports its module)."""
         owner = import_module(self.module)
         for part in self.path.split(".")[:-1]:
             owner = getattr(owner, part)
@@ -47,35 +50,40 @@ class Internal:
         return self.path.rsplit(".", 1)[-1]
 
 
+_KERAS = "keras 3.5-3.15"
+_SAVING = "keras.src.saving.saving_lib"
+_LEAN = "lean_loading._build_and_fill: a model built from its config, filled from the archive"
+
 INTERNALS = (
+    # Swapped for one trace, conversion or load.
     Internal(
         "keras.src.backend.tensorflow.nn",
         "_dot_product_attention_xla",
-        "keras 3.5-3.15",
+        _KERAS,
         "tracing._attention_for_onnx: attention as one MatMul/Softmax/MatMul chain",
     ),
     Internal(
         "keras.src.backend.tensorflow.numpy",
         "einsum",
-        "keras 3.5-3.15",
+        _KERAS,
         "tracing._einsums_for_onnx: grouped-query einsums as transposes and one MatMul",
     ),
     Internal(
         "keras.src.backend.tensorflow.core",
         "slice_update",
-        "keras 3.5-3.15",
-        "causal_lm: a cache update appended instead of written in place",
+        _KERAS,
+        "causal_lm._cache_writes_as_appends: a cache update appended, not written in place",
     ),
     Internal(
         "keras.src.backend.tensorflow.core",
         "Variable._initialize_with_initializer",
-        "keras 3.5-3.15",
+        _KERAS,
         "lean_loading._deferred_variables: no initial value for weights the archive fills",
     ),
     Internal(
         "keras.src.backend.tensorflow.core",
         "Variable._direct_assign",
-        "keras 3.5-3.15",
+        _KERAS,
         "lean_loading._assign_creates: a deferred variable is created from its stored value",
     ),
     Internal(
@@ -89,7 +97,40 @@ INTERNALS = (
         "product",
         "numpy 2.0-2.4 (removed there; tf2onnx 1.16-1.17 still calls it)",
         "converting._numpy_product_alias: np.product as np.prod during one conversion",
-        may_be_absent=True,
+        added=True,
+    ),
+    # Read or called, never replaced.
+    Internal(
+        "keras.src.backend.tensorflow.nn",
+        "_apply_masks",
+        _KERAS,
+        "tracing._attention_for_onnx: Keras' own masking inside the replacement",
+        swapped=False,
+    ),
+    Internal(
+        "keras.src.backend.tensorflow.nn",
+        "_get_large_negative",
+        _KERAS,
+        "tracing._attention_for_onnx: Keras' own fill value for masked logits",
+        swapped=False,
+    ),
+    Internal(_SAVING, "_model_from_config", _KERAS, _LEAN, swapped=False),
+    Internal(_SAVING, "_load_state", _KERAS, _LEAN, swapped=False),
+    Internal(_SAVING, "_raise_loading_failure", _KERAS, _LEAN, swapped=False),
+    Internal(_SAVING, "H5IOStore", _KERAS, _LEAN, swapped=False),
+    Internal(
+        "keras.src.backend.tensorflow.core",
+        "Variable._initialize",
+        _KERAS,
+        "lean_loading._assign_creates: a variable created from a value",
+        swapped=False,
+    ),
+    Internal(
+        "keras.src.layers.layer",
+        "Layer._flatten_layers",
+        _KERAS,
+        "loading and inputs: every layer of a model, nested ones included",
+        swapped=False,
     ),
 )
 
@@ -98,11 +139,11 @@ def _listed(owner, name: str) -> Internal:
     module = getattr(owner, "__module__", None) if isinstance(owner, type) else None
     module = module or getattr(owner, "__name__", "")
     for internal in INTERNALS:
-        if internal.name == name and _same_owner(internal, owner, module):
+        if internal.swapped and internal.name == name and _same_owner(internal, owner, module):
             return internal
     raise LookupError(
-        f"{module}.{name} is not in keras_layers.export.compat.INTERNALS: list it there, "
-        "with the versions it was written for, before patching it"
+        f"{module}.{name} is not listed as swapped in keras_layers.export.compat.INTERNALS: "
+        "list it there, with the versions it was written for, before patching it"
     )
 
 

@@ -19,6 +19,7 @@ inputs into initializers holding the variables' values.
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from keras_layers.export.compat import patched
 from keras_layers.export.einsums import einsum_layout, explicit_ellipsis
 from keras_layers.export.errors import ConversionError, one_line
 from keras_layers.export.loading import LoadedModel, flatten, unique_variables
@@ -93,11 +94,8 @@ def _attention_as_batched_matmuls():
         probs = tf.cast(tf.nn.softmax(logits, axis=-1), key.dtype)
         return tf.transpose(tf.matmul(probs, value), heads_first)
 
-    nn._dot_product_attention_xla = attention
-    try:
+    with patched(nn, "_dot_product_attention_xla", attention):
         yield
-    finally:
-        nn._dot_product_attention_xla = original
 
 
 @contextmanager
@@ -146,11 +144,8 @@ def _einsums_for_onnx():
         product = tf.matmul(a, b)
         return product if after is None else tf.transpose(product, after)
 
-    backend_numpy.einsum = einsum
-    try:
+    with patched(backend_numpy, "einsum", einsum):
         yield
-    finally:
-        backend_numpy.einsum = original
 
 
 def _is_python_control_flow(error: Exception) -> bool:
