@@ -165,6 +165,7 @@ def test_the_cache_grows_by_the_tokens_fed_and_matches_keras_cached_call(exporte
             np.testing.assert_allclose(present[name], expected, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow  # minutes; CI runs the slow tier (.ci/run)
 def test_our_decoder_exports_from_a_file_by_the_command(tmp_path):
     from keras_layers.demo import TiedDecoder
 
@@ -203,6 +204,15 @@ def recomputed_greedy(model, ids, mask, new_tokens):
     return out
 
 
+@pytest.mark.parametrize(
+    "exported",
+    [
+        "gpt2",
+        pytest.param("llama", marks=pytest.mark.slow),
+        pytest.param("gemma", marks=pytest.mark.slow),
+    ],
+    indirect=True,
+)
 def test_a_file_that_generates_differently_fails_the_token_check(exported, tmp_path):
     """Keras' side from one model, the file from another of the same shape:
     the logits and the greedy tokens both fail, and the problem names the

@@ -77,7 +77,15 @@ def padded_ids(rng):
 
 
 @pytest.mark.parametrize(
-    "kind", ["LSTM", "GRU", "SimpleRNN", "Bidirectional", "LSTM, last state", "Conv1D"]
+    "kind",
+    [
+        "LSTM",
+        pytest.param("GRU", marks=pytest.mark.slow),
+        "SimpleRNN",
+        pytest.param("Bidirectional", marks=pytest.mark.slow),
+        "LSTM, last state",
+        "Conv1D",
+    ],
 )
 def test_recurrent_and_convolutional_encoders_export(tmp_path, kind):
     keras.utils.set_random_seed(0)

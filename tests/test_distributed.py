@@ -71,6 +71,7 @@ def tf_single(tmp_path_factory):
     return train("tf-single", out), out
 
 
+@pytest.mark.slow  # minutes; CI runs the slow tier (.ci/run)
 @pytest.mark.parametrize("strategy", ["mirrored", "multi-worker"])
 def test_tensorflow_strategy_matches_one_device_and_exports(tmp_path, tf_single, strategy):
     single, _ = tf_single

@@ -50,7 +50,17 @@ def clean_keras():
     keras.backend.clear_session()
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
+# generation.md exports and generates with three decoders (a minute): slow tier.
+SLOW_PAGES = {"generation.md"}
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        pytest.param(page, id=page.name, marks=[pytest.mark.slow] * (page.name in SLOW_PAGES))
+        for page in PAGES
+    ],
+)
 def test_python_examples_run(page, tmp_path, monkeypatch, clean_keras):
     monkeypatch.chdir(tmp_path)  # examples that save files write them here
     namespace = {"__name__": "__main__"}

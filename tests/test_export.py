@@ -249,6 +249,7 @@ def test_script_runs_from_a_shell_without_traceback(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # minutes; CI runs the slow tier (.ci/run)
 def test_demo_default_run_trains_exports_and_reuses(tmp_path, monkeypatch, capsys):
     """The command with no arguments: the README's main job. Its files go to
     `$KERAS_LAYERS_HOME/demo`, never to the working directory."""

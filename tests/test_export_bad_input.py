@@ -271,6 +271,7 @@ CUSTOM_LAYER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # minutes; CI runs the slow tier (.ci/run)
 def test_unknown_custom_layer_suggests_import(tmp_path):
     (tmp_path / "my_layers.py").write_text(CUSTOM_LAYER)
     build = (

@@ -67,6 +67,27 @@ def test_export_without_the_extra_names_the_extra(tmp_path):
     assert 'pip install "keras-layers[export]"' in last
 
 
+@pytest.fixture(scope="module")
+def saved_layers(tmp_path_factory):
+    """A `.keras` file holding one of the layers, saved in its own process."""
+    saved = tmp_path_factory.mktemp("saved") / "tiny.keras"
+    build = (
+        "import keras; from keras_layers import ScaledEmbedding; "
+        "ids = keras.Input((None,), dtype='int32'); "
+        f"keras.Model(ids, ScaledEmbedding(10, 4)(ids)).save({str(saved)!r})"
+    )
+    assert run([sys.executable, "-c", build], saved.parent).returncode == 0
+    return saved
+
+
+def _load_after(imports: str, saved, cwd):
+    load = (
+        f"{imports}; model = keras.saving.load_model({str(saved)!r}); "
+        "print(type(model.layers[1]).__name__)"
+    )
+    return run([sys.executable, "-c", load], cwd)
+
+
 @pytest.mark.parametrize(
     "imports",
     [
@@ -76,29 +97,20 @@ def test_export_without_the_extra_names_the_extra(tmp_path):
     ],
 )
 def test_a_file_holding_the_layers_loads_once_keras_and_the_layers_are_imported(
-    imports, tmp_path
+    imports, saved_layers, tmp_path
 ):
     """The layers join Keras' registry when imported: at `import keras_layers`
-    if Keras came first, else on first use of a name (docs/design.md)."""
-    saved = tmp_path / "tiny.keras"
-    build = (
-        "import keras; from keras_layers import ScaledEmbedding; "
-        "ids = keras.Input((None,), dtype='int32'); "
-        f"keras.Model(ids, ScaledEmbedding(10, 4)(ids)).save({str(saved)!r})"
-    )
-    assert run([sys.executable, "-c", build], tmp_path).returncode == 0
-    load = (
-        f"{imports}; model = keras.saving.load_model({str(saved)!r}); "
-        "print(type(model.layers[1]).__name__)"
-    )
-    loaded = run([sys.executable, "-c", load], tmp_path)
+    if Keras came first, else on first use of any layer's name (docs/design.md)."""
+    loaded = _load_after(imports, saved_layers, tmp_path)
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.strip() == "ScaledEmbedding"
-    # The one order that does not register them, as documented: Keras says so.
-    unregistered = run(
-        [sys.executable, "-c", load.replace(imports, "import keras_layers; import keras")],
-        tmp_path,
-    )
+
+
+def test_the_one_order_that_does_not_register_the_layers_fails_with_keras_message(
+    saved_layers, tmp_path
+):
+    """As documented: `import keras_layers` before Keras, and no layer named."""
+    unregistered = _load_after("import keras_layers; import keras", saved_layers, tmp_path)
     assert unregistered.returncode == 1
     assert "Could not locate class 'ScaledEmbedding'" in unregistered.stderr
 

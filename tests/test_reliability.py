@@ -106,6 +106,7 @@ def _export_in_fresh_process(model: Path, output: Path, hash_seed: int) -> str:
     return hashlib.sha256(output.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow  # minutes; CI runs the slow tier (.ci/run)
 def test_exports_in_separate_processes_are_byte_identical(tmp_path, model_and_good_file):
     """The same file and flags give the same bytes: separate interpreters (other
     `id()`s, other hash seeds) and tf2onnx's set-ordered nodes change nothing."""
