@@ -101,8 +101,18 @@ def test_the_design_page_lists_the_imports_as_the_code_has_them():
     assert imports.main(["--check"]) == 0, "run: python docs/imports.py"
 
 
-# Keras' layer protocol: documented in the class docstring's "Call arguments".
-KERAS_METHODS = {"call", "build", "compute_output_shape", "compute_mask", "get_config"}
+# Keras' layer API, overridden: documented by Keras and, for `call`, in the
+# class docstring's "Call arguments".
+KERAS_METHODS = {
+    "call",
+    "build",
+    "compute_output_shape",
+    "compute_mask",
+    "get_config",
+    "from_config",
+    "quantize",
+    "quantized_call",
+}
 
 
 def _parameters(function) -> list:

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from keras_layers.export import axes, causal_lm, graph, passes, slimming
+from keras_layers.export import graph, passes, slimming
 from keras_layers.export.graph import Dim, Evaluation, ops, static_value, symbolic_dims
 from keras_layers.export.passes import Context, PassResult, fusions
 
@@ -106,10 +106,6 @@ def test_a_pass_left_out_of_the_list_does_not_run():
     steps = slimming.without(passes.canonical)
     assert passes.canonical not in [step.pass_ for step in steps]
     assert len(steps) == len(slimming.PASSES) - 1
-
-
-def test_the_past_axis_is_one_constant_for_both_stages():
-    assert causal_lm.PAST_AXIS == axes.PAST_AXIS
 
 
 def test_one_evaluation_gives_dims_and_values():

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from keras_layers.export import generation, validating
+from keras_layers.export.axes import PAST_AXIS
 from keras_layers.export.compat import patched
 from keras_layers.export.errors import UsageError, one_line
 from keras_layers.export.loading import LoadedModel, TensorInfo, flatten
@@ -37,7 +38,6 @@ from keras_layers.export.tracing import TracedModel, trace_call
 
 # The cache inputs' sequence axis: the slim stage reads it to tell a decoder
 # with a cache (`slimming.slim`).
-PAST_AXIS = "past_sequence"
 # Validation: decode steps after the prompt, checked logit by logit against
 # Keras' own cached call, and as many greedy tokens compared with Keras
 # recomputing the whole sequence at every step.

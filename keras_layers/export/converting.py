@@ -356,6 +356,9 @@ def convert(
             name, so the graph must be saved beside it); otherwise they are
             held in the proto.
 
+    Returns:
+        The `ConvertedModel`.
+
     Raises:
         ConversionError: tf2onnx left an op unconverted (the message names the
             op and the Keras layer it came from), or failed.
