@@ -129,8 +129,7 @@ def export_both(model, folder: Path, switch: str = "attention") -> dict:
     fusion `switch` (a key of SWITCHES), each validated on a small grid."""
     import importlib
 
-    from keras_layers.export import export_model, slimming
-    from keras_layers.export.options import ExportOptions
+    from keras_layers.export import ExportOptions, export_model, slimming
 
     module, _ = SWITCHES[switch]
     paths = {name: folder / f"{name}.onnx" for name in ("fused", "unfused")}

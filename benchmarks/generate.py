@@ -71,8 +71,7 @@ def recompute(session, ids, new_tokens):
 def measure(kind: str, sizes: dict, prompt: int, new: int, rounds: int, folder: Path) -> dict:
     import onnxruntime as ort
 
-    from keras_layers.export import CachedDecoder, export_model
-    from keras_layers.export.options import ExportOptions
+    from keras_layers.export import CachedDecoder, ExportOptions, export_model
     from keras_layers.export.quantizing import quantize_int8
 
     model = build(kind, sizes)

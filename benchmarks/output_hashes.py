@@ -78,28 +78,42 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def run(names: list | None = None) -> dict:
-    """Export each model into a temporary folder; its hash and node count, by name."""
+def export_one(name: str) -> dict:
+    """Export one model into a temporary folder: its file's hash and node count."""
     import onnx
 
     from keras_layers.export import export_model
 
-    builders = {**_demo_models(), **{name: _zoo_model(name) for name in ZOO}}
-    rows = {}
+    builders = {**_demo_models(), **{zoo: _zoo_model(zoo) for zoo in ZOO}}
+    model, task = builders[name]()
     with tempfile.TemporaryDirectory() as folder:
-        for name, build in builders.items():
-            if names and name not in names:
-                continue
-            model, task = build()
-            output = Path(folder) / f"{name}.onnx"
-            start = time.perf_counter()
-            export_model(model, output, task=task)
-            rows[name] = {
-                "sha256": _digest(output),
-                "nodes": len(onnx.load(output, load_external_data=False).graph.node),
-                "seconds": round(time.perf_counter() - start, 1),
-            }
-            print(f"{name}: {rows[name]['sha256'][:16]} ({rows[name]['nodes']} nodes)", flush=True)
+        output = Path(folder) / f"{name}.onnx"
+        start = time.perf_counter()
+        export_model(model, output, task=task)
+        return {
+            "sha256": _digest(output),
+            "nodes": len(onnx.load(output, load_external_data=False).graph.node),
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+
+
+def run(names: list | None = None) -> dict:
+    """Each model exported in a process of its own; its row, by name.
+
+    One process per model, because a file's node order depends on what ran
+    before it in the same process (tf2onnx numbers the names it makes from a
+    process-wide counter): measured, Llama and Mistral gave two hashes each
+    depending on the models exported before them.
+    """
+    rows = {}
+    for name in names or [*_demo_models(), *ZOO]:
+        done = subprocess.run(
+            [sys.executable, __file__, "--one", name], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"{name}: the export failed\n{done.stderr[-3000:]}")
+        rows[name] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"{name}: {rows[name]['sha256'][:16]} ({rows[name]['nodes']} nodes)", flush=True)
     return rows
 
 
@@ -127,7 +141,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the recorded hashes")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="these models only")
+    parser.add_argument("--one", metavar="NAME", help=argparse.SUPPRESS)  # the child's job
     args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(export_one(args.one)))
+        return 0
     rows = run(args.only)
     if args.check:
         recorded = json.loads(RESULT.read_text())

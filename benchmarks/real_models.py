@@ -306,8 +306,7 @@ def export_ours(model, path: Path, share_shapes: bool = True) -> None:
     (`keras_layers.export.passes.share_shapes`) buys."""
     from unittest import mock
 
-    from keras_layers.export import export_model, slimming
-    from keras_layers.export.options import ExportOptions
+    from keras_layers.export import ExportOptions, export_model, slimming
     from keras_layers.export.passes import share_shapes as sharing
 
     unshared = mock.patch.object(slimming, "PASSES", slimming.without(sharing))

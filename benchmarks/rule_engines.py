@@ -36,8 +36,7 @@ def graph_before_rms_norms(sizes: dict):
     """The proto and shapes `rms_norm.run` gets when our pipeline exports Llama."""
     import tempfile
 
-    from keras_layers.export import export_model
-    from keras_layers.export.options import ExportOptions
+    from keras_layers.export import ExportOptions, export_model
     from keras_layers.export.passes.fusions import rms_norm
 
     model = attention_forms.build("LlamaBackbone", sizes)

@@ -13,10 +13,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from keras_layers.export import export_model, validating
+from keras_layers.export import ExportOptions, export_model, validating
 from keras_layers.export.converting import DATA_ALIGNMENT, EXTERNAL_MIN_BYTES
 from keras_layers.export.loading import load
-from keras_layers.export.options import ExportOptions
 from keras_layers.export.passes.weight_views import _reshaped_dims, fold_weight_views
 from tests import models
 from tests.zoo_models import redraw

@@ -18,6 +18,7 @@ import pytest
 
 from keras_layers.export import (
     ExportError,
+    ExportOptions,
     UsageError,
     ValidationFailed,
     causal_lm,
@@ -25,7 +26,6 @@ from keras_layers.export import (
     generate,
 )
 from keras_layers.export.generation import CachedDecoder
-from keras_layers.export.options import ExportOptions
 from tests import zoo_models
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow

@@ -7,8 +7,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from keras_layers.export import export_model
-from keras_layers.export.options import ExportOptions
+from keras_layers.export import ExportOptions, export_model
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 

@@ -11,8 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from keras_layers.export import export_model
-from keras_layers.export.options import ExportOptions
+from keras_layers.export import ExportOptions, export_model
 
 # The export runs on TensorFlow; the models come from the other backends, which
 # the `backends` extra installs (CI runs these with -m cross_backend).

@@ -259,8 +259,7 @@ def test_every_claimed_dim_is_the_run_time_dim_on_keras_hub_models(tmp_path, kin
     a cached decoder's past 4 long, so its total length, 11, no Dim can write)."""
     import keras_hub
 
-    from keras_layers.export import export_model
-    from keras_layers.export.options import ExportOptions
+    from keras_layers.export import ExportOptions, export_model
 
     path = tmp_path / "model.onnx"
     if kind == "llama with its cache":

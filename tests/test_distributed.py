@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 import keras_layers  # noqa: F401 - registers the layers for load_model
-from keras_layers.export import export_model
-from keras_layers.export.options import ExportOptions
+from keras_layers.export import ExportOptions, export_model
 
 pytestmark = pytest.mark.tensorflow_only
 

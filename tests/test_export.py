@@ -14,9 +14,8 @@ import pytest
 from models import dict_model, sample_ids, save, sequential_model, tied_encoder
 
 from keras_layers import ScaledEmbedding, SinusoidalPositionEncoding, TiedOutputDense
-from keras_layers.export import ValidationFailed, export_model
+from keras_layers.export import ExportOptions, ValidationFailed, export_model
 from keras_layers.export.cli import main
-from keras_layers.export.options import ExportOptions
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 

@@ -9,11 +9,10 @@ import pytest
 from models import tied_encoder
 
 from keras_layers import ScaledEmbedding
-from keras_layers.export import UsageError, export_model, pipeline, tasks
+from keras_layers.export import ExportOptions, UsageError, export_model, pipeline, tasks
 from keras_layers.export.cli import FLAGS, parser
 from keras_layers.export.errors import command_line_wording
 from keras_layers.export.inputs import InputRole
-from keras_layers.export.options import ExportOptions
 from keras_layers.export.tasks.forward import Forward
 
 pytestmark = pytest.mark.tensorflow_only  # the opset check asks tf2onnx; the pipeline runs on TF

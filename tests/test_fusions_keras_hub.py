@@ -22,9 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from keras_layers.export import export_model, fusions
+from keras_layers.export import ExportOptions, export_model, fusions
 from keras_layers.export.graph import remove_dead_nodes
-from keras_layers.export.options import ExportOptions
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 

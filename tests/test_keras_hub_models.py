@@ -11,9 +11,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from keras_layers.export import UsageError, export_model
+from keras_layers.export import ExportOptions, UsageError, export_model
 from keras_layers.export.cli import main
-from keras_layers.export.options import ExportOptions
 from keras_layers.export.validating import make_inputs
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow

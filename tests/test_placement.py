@@ -14,9 +14,8 @@ import onnxruntime as ort
 import pytest
 from models import VOCAB, save, tied_encoder
 
-from keras_layers.export import ValidationFailed, export_model, placement
+from keras_layers.export import ExportOptions, ValidationFailed, export_model, placement
 from keras_layers.export.cli import main
-from keras_layers.export.options import ExportOptions
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 

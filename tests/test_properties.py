@@ -130,8 +130,7 @@ def test_random_encoders_export_and_validate(
     tmp_path_factory, vocabulary, heads, head_width, layers, layout, use_bias
 ):
     from keras_layers.demo import EncoderConfig, build_encoder
-    from keras_layers.export import export_model
-    from keras_layers.export.options import ExportOptions
+    from keras_layers.export import ExportOptions, export_model
 
     width = heads * head_width
     config = EncoderConfig(

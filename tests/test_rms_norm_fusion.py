@@ -13,8 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from keras_layers.export import export_model, fusions
-from keras_layers.export.options import ExportOptions
+from keras_layers.export import ExportOptions, export_model, fusions
 from tests import zoo_models
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow

@@ -14,8 +14,7 @@ import onnxruntime as ort
 import pytest
 from keras import ops
 
-from keras_layers.export import export_model
-from keras_layers.export.options import ExportOptions
+from keras_layers.export import ExportOptions, export_model
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 
