@@ -1,7 +1,8 @@
 """ONNX export for Keras 3 models: `keras_layers.export`, after `keras.export`.
 
 `export_model` runs the stages (load, trace, convert, slim, validate, report)
-and places the files; each stage is a module of its own. `generate` runs a
+and places the files; each stage is a module of its own. `validate` checks an
+ONNX file another tool made against its model, writing nothing. `generate` runs a
 decoder exported with `task="causal-lm"` on ONNX Runtime and NumPy alone:
 `from keras_layers.export import generate` imports neither TensorFlow nor
 Keras (every name is imported on first use). Needs the
@@ -22,6 +23,7 @@ if _missing:
 
 TYPE_CHECKING = False  # as in keras_layers/__init__.py: `typing` is not imported
 if TYPE_CHECKING:  # what type checkers and the API docs read
+    from keras_layers.export.checking import validate
     from keras_layers.export.errors import (
         ConversionError,
         ExportError,
@@ -42,6 +44,7 @@ _MODULES = {
     "CachedDecoder": "keras_layers.export.generation",
     "generate": "keras_layers.export.generation",
     "export_model": "keras_layers.export.pipeline",
+    "validate": "keras_layers.export.checking",
     "ExportOptions": "keras_layers.export.options",
     "InputRole": "keras_layers.export.inputs",
     **dict.fromkeys(
@@ -69,6 +72,7 @@ __all__ = [
     "ValidationFailed",
     "export_model",
     "generate",
+    "validate",
 ]
 
 

@@ -38,6 +38,7 @@ FLAGS = {
     "allow_nonfinite": "--allow-nonfinite",
     "input_roles": "--input",
     "task": "--task",
+    "onnx_path": "FILE.onnx",
 }
 FIXES = {
     "unsafe": "--unsafe",
@@ -134,13 +135,26 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
 
 
 def _add_paths(p: argparse.ArgumentParser, demo_dir: Path) -> None:
-    """MODEL, -o, --report."""
+    """MODEL, FILE.onnx, --check-only, -o, --report."""
     p.add_argument(
         "model",
         nargs="?",
         type=Path,
         metavar="MODEL.keras",
         help=f"model to export (default: the demo, {demo_dir / DEMO_NAME})",
+    )
+    p.add_argument(
+        "onnx_path",
+        nargs="?",
+        type=Path,
+        metavar="FILE.onnx",
+        help="with --check-only: the ONNX file to check against MODEL",
+    )
+    p.add_argument(
+        "--check-only",
+        action="store_true",
+        help="check FILE.onnx (made by any tool) against MODEL and write nothing, "
+        "unless --report is given",
     )
     p.add_argument(
         "-o",
@@ -339,6 +353,11 @@ def _export(args, demo_dir: Path, console) -> tuple[dict, float]:
                 "keras-hub CausalLM saved with preprocessor=None, or "
                 "keras_layers.demo.TiedDecoder)"
             )
+        if args.onnx_path is not None:
+            raise UsageError(
+                f"FILE.onnx {args.onnx_path}: a second path is read only with --check-only; "
+                f"add --check-only to check it, or write -o {args.onnx_path} to export to it"
+            )
         options = _options(args)
         if model is None:
             model, extra, evaluate = _demo(args, demo_dir, display)
@@ -352,6 +371,40 @@ def _export(args, demo_dir: Path, console) -> tuple[dict, float]:
     return report, time.perf_counter() - start
 
 
+def _check_only(args, demo_dir: Path, console) -> tuple[dict, float]:
+    """`--check-only`: check FILE.onnx against MODEL (`checking.validate`);
+    returns the report and the seconds the check took."""
+    from rich.markup import escape
+
+    from keras_layers.export.checking import validate
+    from keras_layers.export.display import StageDisplay
+    from keras_layers.export.errors import UsageError, command_line_wording
+
+    del demo_dir
+    refused = [
+        (args.output is not None, f"-o {args.output}", "it writes no ONNX file; leave -o out"),
+        (args.quantize is not None, f"--quantize {args.quantize}", "leave --quantize out"),
+        (args.retrain, "--retrain", "leave --retrain out"),
+        (
+            args.model is None or args.onnx_path is None,
+            "FILE.onnx",
+            "give MODEL.keras FILE.onnx",
+        ),
+    ]
+    for given, flag, what in refused:
+        if given:
+            raise UsageError(f"{flag}: --check-only checks an existing file; {what}")
+    with StageDisplay(console, quiet=args.quiet) as display, command_line_wording(FLAGS, FIXES):
+        display.print(
+            f"[bold]Checking[/] {escape(str(args.onnx_path))} against {escape(str(args.model))}"
+        )
+        start = time.perf_counter()
+        report = validate(
+            args.model, args.onnx_path, _options(args), task=args.task, progress=display
+        )
+    return report, time.perf_counter() - start
+
+
 def _print_passed(report: dict, seconds: float, verbose: bool, console) -> None:
     """The checks' table, the files written and (verbose) the fusions declined."""
     from rich.markup import escape
@@ -359,17 +412,18 @@ def _print_passed(report: dict, seconds: float, verbose: bool, console) -> None:
     from keras_layers.export.display import int8_summary, render_report
 
     render_report(report, console)
+    written = report.get("report_path")
     console.print(
         f"[green]passed[/]: {escape(report['onnx_path'])} matches Keras on "
         f"{len(report['checks'])} checks ({seconds:.1f} s). "
-        f"Report: {escape(report['report_path'])}"
+        + (f"Report: {escape(written)}" if written else "No file was written.")
     )
     if "int8" in report:
         console.print(
             f"[green]int8[/]: {escape(report['int8']['onnx_path'])} "
             f"({int8_summary(report['int8'])})"
         )
-    if verbose:
+    if verbose and "graph" in report:
         for fusion, reasons in report["graph"]["declined"].items():
             for reason, count in reasons.items():
                 console.print(f"not fused ({fusion}) x{count}: {escape(reason)}")
@@ -399,7 +453,8 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
     console = Console(stderr=False, highlight=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
-        report, seconds = _export(args, demo_dir, console)
+        command = _check_only if args.check_only else _export
+        report, seconds = command(args, demo_dir, console)
         if not args.quiet:
             _print_passed(report, seconds, args.verbose, console)
         if args.unsafe:

@@ -102,7 +102,8 @@ def render_report(report: dict, console: Console) -> None:
     """A table of the checks and a one-line summary of the file.
 
     Args:
-        report: the export's report (`export_model`'s, or a failed export's).
+        report: the export's report (`export_model`'s, or a failed export's),
+            or `checking.validate`'s.
         console: where to print.
     """
     table = Table(title="ONNX Runtime vs Keras", show_lines=False)
@@ -122,6 +123,14 @@ def render_report(report: dict, console: Console) -> None:
         )
     console.print(table)
     tolerance = report["tolerances"]
+    if report.get("validated_only"):  # `checking.validate`: no export's figures
+        console.print(f"atol {tolerance['atol']:g}, rtol {tolerance['rtol']:g}")
+        for model_name, file_name in {
+            **report["input_mapping"],
+            **report["output_mapping"],
+        }.items():
+            console.print(f"the file's '{escape(file_name)}' taken as '{escape(model_name)}'")
+        return
     console.print(
         f"file {report['file_bytes'] / 1e6:.2f} MB = {report['size_ratio']}x the "
         f"parameter bytes ({report['param_bytes'] / 1e6:.2f} MB); opset {report['opset']}; "

@@ -170,19 +170,10 @@ def _signals_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _failure_message(report: dict, validation, targets, final, atol, rtol) -> str:
+def _failure_message(report: dict, validation, targets, final) -> str:
     kept = f"The new file was kept as {final.onnx}; {targets.onnx} was left untouched."
-    if validation.error is not None:
-        return f"validation failed: {validation.error}. {kept} Report: {final.report}"
     if not validation.passed:
-        worst = validation.worst()
-        what = worst.problem or (
-            f"max abs diff {worst.max_abs_diff:.3g} > atol {atol:g} + rtol {rtol:g} x |keras|"
-        )
-        return (
-            f"validation failed: output {worst.output!r} at shape {worst.shape}: {what}. "
-            f"{kept} Report: {final.report}"
-        )
+        return f"validation failed: {validation.failure()}. {kept} Report: {final.report}"
     int8 = report["int8"]
     lowest = int8["lowest_top1"]
     detail = (
@@ -257,7 +248,9 @@ def export_model(
         converted = _convert(model, exporter, options, run, folder)
         grid = exporter.grid(converted.loaded, options.shapes)
         staged = _Staged.write(converted.slimmed.proto, folder, output, converted.external)
-        validation, checks = _validate(exporter, converted, staged, grid, options, run)
+        validation, checks = _validate(
+            exporter, converted.loaded, staged.graph, grid, options, run, converted.external
+        )
         int8 = None
         if options.quantize and validation.passed:
             with run.stage("quantize"):
@@ -272,7 +265,7 @@ def export_model(
             placement.place([*moves, (staged.report, final.report)])
     if not passed:
         raise ValidationFailed(
-            _failure_message(report, validation, targets, final, options.atol, options.rtol),
+            _failure_message(report, validation, targets, final),
             report,
         )
     return report
@@ -374,15 +367,15 @@ def _convert(model, task: Task, options: ExportOptions, run: _Run, folder: Path)
     return _Converted(loaded, converted.weights_read, slimmed, external)
 
 
-def _validate(task: Task, converted: _Converted, staged, grid, options: ExportOptions, run: _Run):
-    """The task's checks of the float file, and how they were made (for the
-    int8 file's). With external data, Keras' side comes first and the model
-    is released before ONNX Runtime maps its own weights: the two copies are
-    never held at once."""
-    loaded, external = converted.loaded, converted.external
+def _validate(task: Task, loaded, source, grid, options: ExportOptions, run: _Run, lean: bool):
+    """The task's checks of the float file `source` (a path, or a model as
+    bytes), and how they were made (for the int8 file's). With `lean` (weights
+    in a data file), Keras' side comes first and the model is released before ONNX
+    Runtime maps its own weights: the two copies are never held at once.
+    `checking.validate` runs this stage alone."""
     with run.stage("validate"):
-        references = task.references(loaded, grid, external)
-        if external:
+        references = task.references(loaded, grid, lean)
+        if lean:
             loaded.release_model()
         checks = Checks(
             grid=grid,
@@ -390,10 +383,10 @@ def _validate(task: Task, converted: _Converted, staged, grid, options: ExportOp
             atol=options.atol,
             rtol=options.rtol,
             allow_nonfinite=options.allow_nonfinite,
-            lean_memory=external,
+            lean_memory=lean,
             on_step=run.steps("validate"),
         )
-        validation = task.validate(loaded, staged.graph, checks)
+        validation = task.validate(loaded, source, checks)
     return validation, checks
 
 

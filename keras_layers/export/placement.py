@@ -166,6 +166,43 @@ def check_targets(targets: Targets, source: Path | None) -> None:
                 )
 
 
+def check_report_path(path: Path, others: list[Path]) -> None:
+    """Fail before any work if a lone report (`checking.validate`'s) cannot be
+    written, or is one of the files it reports on.
+
+    Args:
+        path: the report's path.
+        others: the files it must not replace (the ONNX file, the model).
+
+    Raises:
+        OutputError: the path cannot be written, or is one of `others`.
+    """
+    _check_writable_file(path, "report_path")
+    for other in others:
+        if _same_file(path, other):
+            raise OutputError(
+                f"{argument('report_path', path)}: is {other}, which is being checked; "
+                "choose another report name"
+            )
+
+
+def write_report(data: dict, path: Path) -> None:
+    """Write a report in one step: to a private file beside `path`, then
+    renamed onto it, so that `path` holds the old report or the new one.
+
+    Args:
+        data: the report.
+        path: its final path.
+    """
+    handle, staged = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        write_json(data, Path(staged))
+        place([(Path(staged), path)])
+    finally:
+        Path(staged).unlink(missing_ok=True)
+
+
 def _remove_stale_staging(output: Path) -> None:
     """Remove staging folders of earlier exports to `output` that were killed.
 

@@ -80,6 +80,26 @@ def _graph_entry(slimmed) -> dict:
     }
 
 
+def check_entries(validation: Validation) -> dict:
+    """The report's entries on the checks: `tolerances`, `checks`,
+    `validation_error` and `worst` (`docs/export.md`, "The report").
+
+    Args:
+        validation: the checks.
+
+    Returns:
+        The four entries, JSON-ready.
+    """
+    worst = validation.worst()
+    return {
+        "tolerances": {"atol": validation.atol, "rtol": validation.rtol},
+        "checks": [asdict(check) for check in validation.checks],
+        # Why validation could not run at all (ONNX Runtime refused the file).
+        "validation_error": validation.error,
+        "worst": asdict(worst) if worst else None,
+    }
+
+
 def build_report(
     *,
     loaded,
@@ -111,7 +131,6 @@ def build_report(
     Returns:
         The report; `docs/export.md` ("The report") describes each field.
     """
-    worst = validation.worst()
     weights = _weight_accounting(loaded, weights_read, slimmed)
     report = {
         "passed": validation.passed,
@@ -131,11 +150,7 @@ def build_report(
         "exported_from_policies": loaded.source_policies,
         "inputs": tensor_entries(loaded.inputs),
         "outputs": tensor_entries(loaded.outputs),
-        "tolerances": {"atol": validation.atol, "rtol": validation.rtol},
-        "checks": [asdict(check) for check in validation.checks],
-        # Why validation could not run at all (ONNX Runtime refused the file).
-        "validation_error": validation.error,
-        "worst": asdict(worst) if worst else None,
+        **check_entries(validation),
         "graph": _graph_entry(slimmed),
         "stage_seconds": {name: round(seconds, 3) for name, seconds in stages.items()},
         "versions": versions(),

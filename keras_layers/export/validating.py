@@ -76,6 +76,18 @@ class Validation:
         pool = failed or self.checks
         return max(pool, key=lambda c: (c.problem is not None, c.max_abs_diff), default=None)
 
+    def failure(self) -> str:
+        """Why the checks failed, in a phrase: ONNX Runtime's error, or the
+        worst check (its output, shape and difference or problem)."""
+        if self.error is not None:
+            return self.error
+        worst = self.worst()
+        what = worst.problem or (
+            f"max abs diff {worst.max_abs_diff:.3g} > atol {self.atol:g} + rtol {self.rtol:g} "
+            "x |keras|"
+        )
+        return f"output {worst.output!r} at shape {worst.shape}: {what}"
+
 
 # The largest grid point: batch x sequence tokens. Keras' logits for it are
 # (tokens x vocabulary) floats, so far beyond this the check would run out of
@@ -445,7 +457,7 @@ def validate(
 
     Args:
         loaded: the Keras model (`loading.load`).
-        onnx_path: the ONNX file to check.
+        onnx_path: the ONNX file to check (or a serialized model, as bytes).
         shapes: the grid (`(batch, sequence)` pairs and `"padded"`); default
             `default_shapes(loaded)`.
         atol: absolute tolerance.
@@ -478,7 +490,8 @@ def validate(
     result = Validation(atol=atol, rtol=rtol)
     try:
         options = session_options(lean_memory)
-        session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        source = onnx_path if isinstance(onnx_path, bytes) else str(onnx_path)
+        session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     except Exception as error:  # noqa: BLE001 - the file's failure, reported as one
         result.error = f"ONNX Runtime cannot load the file: {one_line(str(error), 300)}"
         return result

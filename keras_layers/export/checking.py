@@ -1,0 +1,226 @@
+"""Check an ONNX file that something else made against its Keras model.
+
+`validate` runs the validate stage alone: the model is loaded as
+`export_model` loads it, the task builds the same grid and Keras references,
+and ONNX Runtime runs the given file (Keras' own `model.export(path,
+format="onnx")`, plain tf2onnx, an earlier export). Nothing is converted and
+no file is written, moved or touched, except the report when
+`ExportOptions.report_path` names one (written by `placement`, in one step).
+"""
+
+import os
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+from keras_layers.export import loading, memory, placement, reporting, tasks, validating
+from keras_layers.export.errors import UsageError, ValidationFailed, argument, one_line
+from keras_layers.export.options import ExportOptions
+from keras_layers.export.pipeline import (
+    Progress,
+    _checked_options,
+    _Interrupts,
+    _no_progress,
+    _Run,
+    _validate,
+)
+from keras_layers.export.tasks import Task
+
+
+def _readable_file(onnx_path) -> Path:
+    """`onnx_path` as a `Path` to a regular file that can be read."""
+    if not isinstance(onnx_path, str | os.PathLike):
+        raise UsageError(
+            f"{argument('onnx_path', onnx_path)}: expected the path of an ONNX file (str or Path)"
+        )
+    path = Path(onnx_path)
+    if not path.is_file():  # a FIFO or device is never opened
+        raise UsageError(
+            f"{argument('onnx_path', path)}: no such file; give the path of an existing .onnx file"
+        )
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as error:
+        raise UsageError(
+            f"{argument('onnx_path', path)}: cannot be read ({error.strerror}); "
+            "check its permissions"
+        ) from error
+    return path
+
+
+def _file_io(path: Path) -> tuple[list, list]:
+    """The file's inputs (name, rank) and output names, as ONNX Runtime reads
+    them (without pre-packing: the session is dropped at once)."""
+    try:
+        session = ort.InferenceSession(
+            str(path), validating.session_options(True), providers=["CPUExecutionProvider"]
+        )
+    except Exception as error:  # noqa: BLE001 - ORT's reason is the message
+        raise UsageError(
+            f"{argument('onnx_path', path)}: ONNX Runtime cannot load the file "
+            f"({one_line(str(error), 300)}); give a complete ONNX model, with any data "
+            "files it reads beside it"
+        ) from error
+    inputs = [(value.name, len(value.shape or ())) for value in session.get_inputs()]
+    return inputs, [value.name for value in session.get_outputs()]
+
+
+def _mapping(kind: str, file_names: list, infos: list, path: Path) -> dict:
+    """Model name -> file name for the `kind` ("inputs" or "outputs"): empty
+    when the file has the model's names; one pair, positionally, when each
+    has one; otherwise a `UsageError` naming both sides and the fix."""
+    model_names = [info.name for info in infos]
+    same = set(file_names) == set(model_names)
+    if same or (kind == "outputs" and set(model_names) <= set(file_names)):
+        return {}
+    if len(file_names) == len(model_names) == 1:
+        return {model_names[0]: file_names[0]}
+    raise UsageError(
+        f"{argument('onnx_path', path)}: the file's {kind} are {file_names} and the model's "
+        f"are {model_names}; check the file against the model it was made from, or make it "
+        f"again with the model's {kind[:-1]} names"
+    )
+
+
+def _check_ranks(file_inputs: list, loaded, mapping: dict, path: Path) -> None:
+    """Refuse a positional mapping whose input has another rank than the model's."""
+    ranks = dict(file_inputs)
+    for info in loaded.inputs:
+        name = mapping.get(info.name, info.name)
+        if ranks[name] and ranks[name] != len(info.shape):
+            raise UsageError(
+                f"{argument('onnx_path', path)}: the file's input {name!r} has {ranks[name]} "
+                f"axes and the model's {info.name!r} has {len(info.shape)}; check the file "
+                "against the model it was made from"
+            )
+
+
+def _renamed(path: Path, inputs: dict, outputs: dict) -> bytes:
+    """The file, in memory, with Identity nodes that give its inputs and
+    outputs the model's names (`inputs`, `outputs`: model name -> file name)."""
+    proto = onnx.load(str(path))  # a data file is read from beside the file
+    graph = proto.graph
+    for model_name, file_name in inputs.items():
+        for value in graph.input:
+            if value.name == file_name:
+                value.name = model_name
+        graph.node.insert(0, helper.make_node("Identity", [model_name], [file_name]))
+    for model_name, file_name in outputs.items():
+        for value in graph.output:
+            if value.name == file_name:
+                value.name = model_name
+        graph.node.append(helper.make_node("Identity", [file_name], [model_name]))
+    return proto.SerializeToString()
+
+
+def _load(model, task: Task, options: ExportOptions, run: _Run):
+    """The model, loaded and described by the task (its inputs and outputs
+    the file's); the memory check first, at the lean ratio."""
+    weight_bytes = memory.estimated_param_bytes(model)
+    lean = memory.uses_external_data(options.external_data, weight_bytes)
+    if options.memory_check:
+        memory.check_fits(weight_bytes, True)
+    with run.stage("load"):
+        loaded = loading.load(
+            model, imports=options.imports, unsafe=options.unsafe, input_roles=options.input_roles
+        )
+        loaded.inputs, loaded.outputs = task.describe(loaded)
+    return loaded, lean
+
+
+def _report(loaded, path: Path, validation, mappings: tuple, run: _Run, options) -> dict:
+    """The report: an export's entries on the checks, and how the file's names map."""
+    report = {
+        "passed": validation.passed,
+        "validated_only": True,
+        "onnx_path": str(path),
+        "source_model": str(loaded.path) if loaded.path else f"in memory: {loaded.name}",
+        "inputs": reporting.tensor_entries(loaded.inputs),
+        "outputs": reporting.tensor_entries(loaded.outputs),
+        "input_mapping": mappings[0],
+        "output_mapping": mappings[1],
+        **reporting.check_entries(validation),
+        "stage_seconds": {name: round(seconds, 3) for name, seconds in run.seconds.items()},
+        "versions": reporting.versions(),
+    }
+    if options.report_path is not None:
+        report["report_path"] = str(options.report_path)
+    report.update(options.extra_report or {})
+    return report
+
+
+def _check_file(path: Path, file_io: tuple, loaded, task: Task, options: ExportOptions, run, lean):
+    """Map the file's names (`file_io`, from `_file_io`) onto the model's,
+    then run the task's checks; returns the checks and the two mappings
+    (model name -> file name)."""
+    file_inputs, file_outputs = file_io
+    inputs = _mapping("inputs", [name for name, _ in file_inputs], loaded.inputs, path)
+    outputs = _mapping("outputs", file_outputs, loaded.outputs, path)
+    _check_ranks(file_inputs, loaded, inputs, path)
+    source = _renamed(path, inputs, outputs) if inputs or outputs else path
+    grid = task.grid(loaded, options.shapes)
+    validation, _ = _validate(task, loaded, source, grid, options, run, lean)
+    return validation, (inputs, outputs)
+
+
+def validate(
+    model,
+    onnx_path,
+    options: ExportOptions | None = None,
+    *,
+    task: str = "forward",
+    progress: Progress | None = None,
+) -> dict:
+    """Check an existing ONNX file against its Keras model, writing nothing.
+
+    The model is loaded as `export_model` loads it and checked by the same
+    task, grid and tolerances; the file is only read. When the file's input
+    (or output) names are not the model's and each has one, they are paired
+    positionally, and the report says so (`input_mapping`, `output_mapping`:
+    model name -> file name).
+
+    Args:
+        model: a `keras.Model` in memory, or the path of a `.keras` file.
+        onnx_path: the ONNX file to check (any tool's).
+        options: an `ExportOptions`: `shapes`, `atol`, `rtol`, `imports`,
+            `unsafe`, `input_roles`, `allow_nonfinite` and `memory_check`
+            apply as in an export; `report_path`, when set, is the one file
+            written. Default: every default.
+        task: a name of `keras_layers.export.tasks.TASKS`, as for `export_model`.
+        progress: called with a `StageEvent` as `load` and `validate` start
+            and end, and for each validation step.
+
+    Returns:
+        The report: `passed`, `validated_only` (`True`), `onnx_path`,
+        `checks`, `worst`, `tolerances`, `input_mapping`, ...
+
+    Raises:
+        UsageError: bad options, a missing or unreadable file, a file ONNX
+            Runtime cannot load, or one whose inputs are not the model's.
+        ValidationFailed: the file and Keras disagree beyond the tolerances
+            (the report is `error.report`).
+    """
+    options, exporter = _checked_options(options), tasks.lookup(task)
+    exporter.check(options)
+    path = _readable_file(onnx_path)
+    if options.report_path is not None:
+        source = [Path(model)] if isinstance(model, str | os.PathLike) else []
+        placement.check_report_path(Path(options.report_path), [path, *source])
+    file_io = _file_io(path)
+    with _Interrupts().watching() as interrupts:
+        run = _Run(progress or _no_progress, interrupts)
+        loaded, lean = _load(model, exporter, options, run)
+        validation, mappings = _check_file(path, file_io, loaded, exporter, options, run, lean)
+    report = _report(loaded, path, validation, mappings, run, options)
+    if options.report_path is not None:
+        placement.write_report(report, Path(options.report_path))
+    if not validation.passed:
+        raise ValidationFailed(
+            f"validation failed: {validation.failure()}. {path} was only read; "
+            + (f"Report: {options.report_path}" if options.report_path else "no file was written"),
+            report,
+        )
+    return report
