@@ -156,4 +156,16 @@ def test_the_command_passes_fails_and_refuses_writing_nothing(files, capsys):
     ours = root / "ours" / "model.onnx"
     code, _, err = check_only(capsys, root / "model.keras", ours, "-o", root / "ours" / "x.onnx")
     assert code == 2 and err.startswith("error: -o ") and len(err.strip().splitlines()) == 1
+    code = main([str(root / "model.keras"), str(ours)])  # FILE.onnx without --check-only
+    err = capsys.readouterr().err
+    assert code == 2 and "add --check-only" in err and len(err.strip().splitlines()) == 1
     assert {name: snapshot(root / name) for name in ("ours", "wrong")} == before
+
+
+def test_the_command_writes_the_report_it_is_given(files, capsys, tmp_path):
+    root, report_path = files["root"], tmp_path / "r.json"
+    code, out, _ = check_only(
+        capsys, root / "model.keras", root / "ours" / "model.onnx", "--report", report_path
+    )
+    assert code == 0 and "Report: " in out and out.endswith("r.json")
+    assert [path.name for path in tmp_path.iterdir()] == ["r.json"]
