@@ -19,12 +19,12 @@ from keras_layers.export import loading, memory, placement, reporting, tasks, va
 from keras_layers.export.errors import UsageError, ValidationFailed, argument, one_line
 from keras_layers.export.options import ExportOptions
 from keras_layers.export.pipeline import (
+    Interrupts,
     Progress,
-    _checked_options,
-    _Interrupts,
-    _no_progress,
-    _Run,
-    _validate,
+    Run,
+    checked_options,
+    no_progress,
+    validate_stage,
 )
 from keras_layers.export.tasks import Task
 
@@ -116,7 +116,7 @@ def _renamed(path: Path, inputs: dict, outputs: dict) -> bytes:
     return proto.SerializeToString()
 
 
-def _load(model, task: Task, options: ExportOptions, run: _Run):
+def _load(model, task: Task, options: ExportOptions, run: Run):
     """The model, loaded and described by the task (its inputs and outputs
     the file's); the memory check first, at the lean ratio."""
     weight_bytes = memory.estimated_param_bytes(model)
@@ -131,7 +131,7 @@ def _load(model, task: Task, options: ExportOptions, run: _Run):
     return loaded, lean
 
 
-def _report(loaded, path: Path, validation, mappings: tuple, run: _Run, options) -> dict:
+def _report(loaded, path: Path, validation, mappings: tuple, run: Run, options) -> dict:
     """The report: an export's entries on the checks, and how the file's names map."""
     report = {
         "passed": validation.passed,
@@ -162,7 +162,7 @@ def _check_file(path: Path, file_io: tuple, loaded, task: Task, options: ExportO
     _check_ranks(file_inputs, loaded, inputs, path)
     source = _renamed(path, inputs, outputs) if inputs or outputs else path
     grid = task.grid(loaded, options.shapes)
-    validation, _ = _validate(task, loaded, source, grid, options, run, lean)
+    validation, _ = validate_stage(task, loaded, source, grid, options, run, lean)
     return validation, (inputs, outputs)
 
 
@@ -203,15 +203,15 @@ def validate(
         ValidationFailed: the file and Keras disagree beyond the tolerances
             (the report is `error.report`).
     """
-    options, exporter = _checked_options(options), tasks.lookup(task)
+    options, exporter = checked_options(options), tasks.lookup(task)
     exporter.check(options)
     path = _readable_file(onnx_path)
     if options.report_path is not None:
         source = [Path(model)] if isinstance(model, str | os.PathLike) else []
         placement.check_report_path(Path(options.report_path), [path, *source])
     file_io = _file_io(path)
-    with _Interrupts().watching() as interrupts:
-        run = _Run(progress or _no_progress, interrupts)
+    with Interrupts().watching() as interrupts:
+        run = Run(progress or no_progress, interrupts)
         loaded, lean = _load(model, exporter, options, run)
         validation, mappings = _check_file(path, file_io, loaded, exporter, options, run, lean)
     report = _report(loaded, path, validation, mappings, run, options)

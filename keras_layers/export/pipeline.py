@@ -52,11 +52,11 @@ class StageEvent:
 Progress = Callable[[StageEvent], None]
 
 
-def _no_progress(event: StageEvent) -> None:
+def no_progress(event: StageEvent) -> None:
     del event
 
 
-class _Interrupts:
+class Interrupts:
     """Ctrl-C that cannot be lost.
 
     Python raises KeyboardInterrupt wherever the main thread happens to be; when
@@ -75,7 +75,7 @@ class _Interrupts:
         raise KeyboardInterrupt
 
     @contextmanager
-    def watching(self) -> Iterator["_Interrupts"]:
+    def watching(self) -> Iterator["Interrupts"]:
         try:
             previous = signal.signal(signal.SIGINT, self._handler)
         except ValueError:  # not the main thread: signals are not ours to take
@@ -241,14 +241,14 @@ def export_model(
     >>> report["passed"]
     True
     """
-    output, options = Path(output), _checked_options(options)
+    output, options = Path(output), checked_options(options)
     exporter, targets = _before_any_work(model, output, options, task)
-    with _Interrupts().watching() as interrupts, placement.staging_folder(output) as folder:
-        run = _Run(progress or _no_progress, interrupts)
+    with Interrupts().watching() as interrupts, placement.staging_folder(output) as folder:
+        run = Run(progress or no_progress, interrupts)
         converted = _convert(model, exporter, options, run, folder)
         grid = exporter.grid(converted.loaded, options.shapes)
         staged = _Staged.write(converted.slimmed.proto, folder, output, converted.external)
-        validation, checks = _validate(
+        validation, checks = validate_stage(
             exporter, converted.loaded, staged.graph, grid, options, run, converted.external
         )
         int8 = None
@@ -271,7 +271,8 @@ def export_model(
     return report
 
 
-def _checked_options(options) -> ExportOptions:
+def checked_options(options) -> ExportOptions:
+    """`options`, or the defaults for None; anything else is a `UsageError`."""
     if options is None:
         return ExportOptions()
     if not isinstance(options, ExportOptions):
@@ -300,11 +301,11 @@ def _before_any_work(model, output: Path, options: ExportOptions, task: str):
     return exporter, targets
 
 
-class _Run:
+class Run:
     """Times the stages and reports them to `progress`; checks for Ctrl-C
     between them."""
 
-    def __init__(self, progress: Progress, interrupts: _Interrupts):
+    def __init__(self, progress: Progress, interrupts: Interrupts):
         self.progress = progress
         self.interrupts = interrupts
         self.seconds: dict[str, float] = {}
@@ -340,7 +341,7 @@ class _Converted:
     external: bool
 
 
-def _convert(model, task: Task, options: ExportOptions, run: _Run, folder: Path) -> _Converted:
+def _convert(model, task: Task, options: ExportOptions, run: Run, folder: Path) -> _Converted:
     """Load, trace, convert and slim. With external data, the weights are
     written to the staged data file in `folder` as they are converted, never
     held in the proto."""
@@ -367,12 +368,25 @@ def _convert(model, task: Task, options: ExportOptions, run: _Run, folder: Path)
     return _Converted(loaded, converted.weights_read, slimmed, external)
 
 
-def _validate(task: Task, loaded, source, grid, options: ExportOptions, run: _Run, lean: bool):
-    """The task's checks of the float file `source` (a path, or a model as
-    bytes), and how they were made (for the int8 file's). With `lean` (weights
-    in a data file), Keras' side comes first and the model is released before ONNX
-    Runtime maps its own weights: the two copies are never held at once.
-    `checking.validate` runs this stage alone."""
+def validate_stage(task: Task, loaded, source, grid, options: ExportOptions, run: Run, lean: bool):
+    """The validate stage: the task's checks of the float file `source`.
+
+    With `lean` (weights in a data file), Keras' side comes first and the
+    model is released before ONNX Runtime maps its own weights: the two
+    copies are never held at once. `checking.validate` runs this stage alone.
+
+    Args:
+        task: the export's task.
+        loaded: the loaded model, described by the task.
+        source: the ONNX file (a path, or a model as bytes).
+        grid: the task's grid.
+        options: the export's options (tolerances, non-finite outputs).
+        run: the export's stage timer and progress.
+        lean: whether the weights take the data-file path.
+
+    Returns:
+        (the validation, the `Checks` it was made with, for the int8 file's).
+    """
     with run.stage("validate"):
         references = task.references(loaded, grid, lean)
         if lean:
@@ -390,7 +404,7 @@ def _validate(task: Task, loaded, source, grid, options: ExportOptions, run: _Ru
     return validation, checks
 
 
-def _report(run: _Run, converted: _Converted, staged, final, validation, int8, options):
+def _report(run: Run, converted: _Converted, staged, final, validation, int8, options):
     """The report (`reporting.build_report`, then where the files go), timed
     as stage `report`, and the (staged, final) moves of the files."""
     with run.stage("report"):
