@@ -139,7 +139,7 @@ def _listed(owner, name: str) -> Internal:
     module = getattr(owner, "__module__", None) if isinstance(owner, type) else None
     module = module or getattr(owner, "__name__", "")
     for internal in INTERNALS:
-        if internal.swapped and internal.name == name and _same_owner(internal, owner, module):
+        if internal.swapped and internal.name == name and _same_owner(internal, owner):
             return internal
     raise LookupError(
         f"{module}.{name} is not listed as swapped in keras_layers.export.compat.INTERNALS: "
@@ -147,7 +147,7 @@ def _listed(owner, name: str) -> Internal:
     )
 
 
-def _same_owner(internal: Internal, owner, module: str) -> bool:
+def _same_owner(internal: Internal, owner) -> bool:
     try:
         return internal.owner() is owner
     except (ImportError, AttributeError):
