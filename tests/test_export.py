@@ -61,8 +61,19 @@ def test_report_holds_every_field(encoder_export):
     ):
         assert key in on_disk, key
     assert on_disk["inputs"] == [
-        {"name": "token_ids", "shape": ["batch", "sequence"], "dtype": "int32"}
+        {
+            "name": "token_ids",
+            "shape": ["batch", "sequence"],
+            "dtype": "int32",
+            "role": "ids",
+            "role_source": "wiring",
+            "role_reason": "read by embedding 'token_embedding' (vocabulary 300); 0 is padding "
+            "(masked by 'token_embedding')",
+            "vocabulary": 300,
+            "masks_zero": True,
+        }
     ]
+    assert on_disk["warnings"] == []
     assert on_disk["outputs"][0]["shape"] == ["batch", "sequence", 300]
     assert set(on_disk["stage_seconds"]) == {
         "load",

@@ -35,6 +35,7 @@ FLAGS = {
     "unsafe": "--unsafe",
     "external_data": "--external-data",
     "quantize": "--quantize",
+    "int8_min_top1": "--int8-min-top1",
     "allow_nonfinite": "--allow-nonfinite",
     "input_roles": "--input",
     "task": "--task",
@@ -203,6 +204,7 @@ def _add_conversion(p: argparse.ArgumentParser) -> None:
     from keras_layers.export.converting import DEFAULT_OPSET
     from keras_layers.export.options import EXTERNAL_DATA_CHOICES, QUANTIZE_CHOICES
     from keras_layers.export.tasks import TASKS
+    from keras_layers.export.validating import INT8_MIN_TOKENS, INT8_MIN_TOP1
 
     p.add_argument(
         "--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default {DEFAULT_OPSET})"
@@ -213,8 +215,8 @@ def _add_conversion(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="MODULE",
-        help="import a module that registers custom layers (repeatable; searched for "
-        "in the working directory too)",
+        help="import a module that defines custom layers or functions, registered or "
+        "not (repeatable; searched for in the working directory too)",
     )
     p.add_argument(
         "--unsafe",
@@ -241,6 +243,14 @@ def _add_conversion(p: argparse.ArgumentParser) -> None:
         "--quantize",
         choices=QUANTIZE_CHOICES,
         help="also write OUT.int8.onnx (dynamic int8), judged by top-1 agreement",
+    )
+    p.add_argument(
+        "--int8-min-top1",
+        type=_tolerance,
+        default=INT8_MIN_TOP1,
+        metavar="SHARE",
+        help="the int8 gate: least top-1 agreement with Keras, pooled over the grid's "
+        f"real tokens (at least {INT8_MIN_TOKENS}) (default {INT8_MIN_TOP1:g})",
     )
 
 

@@ -122,6 +122,8 @@ def render_report(report: dict, console: Console) -> None:
             verdict,
         )
     console.print(table)
+    for warning in report.get("warnings") or []:
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
     tolerance = report["tolerances"]
     if report.get("validated_only"):  # `checking.validate`: no export's figures
         console.print(f"atol {tolerance['atol']:g}, rtol {tolerance['rtol']:g}")
@@ -154,12 +156,12 @@ def render_report(report: dict, console: Console) -> None:
 
 def int8_summary(int8: dict) -> str:
     """One line on the int8 file: size and how well it agrees with Keras."""
-    lowest = int8["lowest_top1"]
-    text = f"{int8['size_ratio']}x the float32 parameter bytes; " + (
-        f"lowest top-1 agreement {lowest['agreement']:.2%} at {lowest['shape']}"
-        if lowest
-        else "no top-1 output"
+    gates = "; ".join(
+        f"{gate['output']}: {gate['statistic']} {gate['value']:.2%}"
+        + (f" over {gate['tokens']} tokens" if gate["tokens"] else "")
+        for gate in int8["gates"]
     )
+    text = f"{int8['size_ratio']}x the float32 parameter bytes; " + (gates or "no gate")
     if int8["evaluation"] is not None:
         text += f"; {int8['evaluation'].get('summary', '')}"
     return escape(text)

@@ -6,8 +6,13 @@ matches the padding, positions (`mask_positions`) below the sequence length,
 and an encoder and a decoder sequence of different lengths. Each input's role
 is decided from the layers that consume it:
 
-- read by an embedding layer (`input_dim`): `ids`, with that vocabulary (segment
-  ids are ids with a small vocabulary);
+- read by an embedding layer (`input_dim`), at any depth of layers and
+  through casts: `ids`, with that vocabulary (segment ids are ids with a small
+  vocabulary), whatever the input's dtype. The model is run once on a probe
+  (`probe`) that records what every layer receives, so an embedding inside a
+  custom layer is found as surely as one the input feeds directly; id 0 is
+  padding when the layer that reads the ids masks it (`mask_zero`, or its own
+  `compute_mask`);
 - passed to a layer's call argument named `padding_mask`, `*_padding_mask`,
   `attention_mask` or `mask`: `padding_mask`;
 - passed to an argument named `positions` or `position_ids`: `token_positions`,
@@ -21,6 +26,11 @@ decide, and only between a padding mask (an integer or boolean input named
 `*mask`) and features. Inputs whose names start with `decoder_` get their own
 sequence axis, `decoder_sequence`, varied apart from the encoder's. The caller
 can override any of this (`input_roles`, `--input NAME=ROLE[@AXIS]`).
+
+Every role carries its source (`SOURCES`): `wiring` (read from the layers),
+`name`, `override` (the caller's) or `default` (nothing said anything: an
+integer input read by plain ops gets small random integers). A defaulted role
+is printed as a warning with the `--input` override that would fix it.
 """
 
 import inspect
@@ -31,6 +41,11 @@ from dataclasses import dataclass, replace
 from keras_layers.export.errors import UsageError, argument
 
 ROLES = ("ids", "padding_mask", "positions", "token_positions", "features")
+SOURCES = ("wiring", "name", "override", "default")
+# The probe's sequence length (or the model's fixed one): long enough that
+# each input's 0/1 pattern is its own (2^-16 chance of two alike), short
+# enough for any position table.
+PROBE_LENGTH = 16
 _MASK_ARGUMENT = re.compile(r"(.*_)?padding_mask|attention_mask|mask")
 # One position per token (rotary and position encodings read them) ...
 _TOKEN_POSITION_ARGUMENT = re.compile(r"positions|position_ids")
@@ -82,10 +97,10 @@ def _is_integer(dtype: str) -> bool:
 
 
 def _embeddings_reading(readers: list[tuple[object, str]]) -> list:
-    """Embedding layers (`input_dim`) that take the input as their first call
-    argument; else the embedding inside a layer that does (keras-hub's
-    `TokenAndPositionEmbedding` wraps its token embedding), never inside a
-    whole nested model, whose other embeddings read other inputs."""
+    """Without a probe: embedding layers (`input_dim`) that take the input as
+    their first call argument; else the embedding inside a layer that does
+    (keras-hub's `TokenAndPositionEmbedding` wraps its token embedding), never
+    inside a whole nested model, whose other embeddings read other inputs."""
     import keras
 
     first = [layer for layer, name in readers if _call_parameters(layer)[:1] == [name]]
@@ -101,46 +116,231 @@ def _embeddings_reading(readers: list[tuple[object, str]]) -> list:
     ][:1]
 
 
-def role_of(name: str, dtype: str, readers: list[tuple[object, str]]) -> dict:
-    """The role of one input and what generating it needs.
+@dataclass
+class Probed:
+    """What the probe saw of one input: the embeddings that received it (at
+    any depth, through casts) and the layer that masks its zeros, if any."""
+
+    embeddings: list
+    masking_layer: str | None = None
+
+
+@dataclass
+class Probe:
+    """What `probe` saw: each input's `Probed`, and the position tables (an
+    `Embedding(input_dim=maxlen)` read with positions 0, 1, 2, ... as the
+    keras.io examples write them) as `(layer name, rows)`."""
+
+    inputs: dict
+    position_tables: list
+
+
+def _probe_value(info_shape: tuple, dtype: str, seed: int, length: int):
+    import numpy as np
+
+    dims = [2, length, *[d or 1 for d in info_shape[2:]]][: len(info_shape)]
+    if len(info_shape) > 1 and info_shape[1] is not None:
+        dims[1] = info_shape[1]
+    pattern = np.random.default_rng(seed).integers(0, 2, size=dims)
+    pattern.reshape(-1)[0] = 1  # never all zeros
+    return pattern.astype("bool" if dtype == "bool" else dtype)
+
+
+def _masks_zero(layer, received) -> bool:
+    """Whether `layer.compute_mask` masks exactly the zeros of `received`."""
+    import numpy as np
+
+    try:
+        mask = layer.compute_mask(received)
+    except Exception:  # noqa: BLE001 - a layer whose mask needs more than its input
+        return False
+    if mask is None:
+        return False
+    try:
+        mask = np.asarray(mask)
+    except Exception:  # noqa: BLE001 - a mask that is no array
+        return False
+    zeros = np.asarray(received) == 0
+    return mask.shape == zeros.shape and bool(zeros.any()) and np.array_equal(mask, ~zeros)
+
+
+def probe(model, inputs: list[tuple[str, tuple, str]], structure: str, max_length=None):
+    """Run the model once and record which layers receive each input's values.
+
+    Each input gets its own pattern of 0s and 1s (valid for any embedding,
+    padding mask or vocabulary); a layer whose first argument equals an input's
+    pattern (after a cast) reads that input, however deep it sits.
+
+    Args:
+        model: the Keras model.
+        inputs: `(name, shape, dtype)` of each input, in the model's order.
+        structure: how the model takes them: `"single"`, `"list"` or `"dict"`.
+        max_length: the longest sequence its position tables allow.
+
+    Returns:
+        A `Probe`, or `None` when the model cannot run the probe (the roles
+        are then read from the wiring alone).
+    """
+    import numpy as np
+
+    if any(not (_is_integer(dtype) or dtype.startswith("float")) for _, _, dtype in inputs):
+        return None  # strings: refused later, with their own message
+    length = min(PROBE_LENGTH, max_length or PROBE_LENGTH)
+    feeds = {
+        name: _probe_value(shape, dtype, seed, length)
+        for seed, (name, shape, dtype) in enumerate(inputs)
+    }
+    patterns = {name: value.astype("int64") for name, value in feeds.items()}
+    seen: list[tuple[object, object]] = []
+    layers = list(model._flatten_layers(include_self=False))
+
+    def recording(layer):
+        call = layer.call
+
+        def wrapper(*args, **kwargs):
+            if args:
+                seen.append((layer, args[0]))
+            return call(*args, **kwargs)
+
+        return wrapper
+
+    for layer in layers:
+        object.__setattr__(layer, "call", recording(layer))
+    try:
+        names = [name for name, _, _ in inputs]
+        args = {"dict": feeds, "list": [feeds[n] for n in names]}.get(structure)
+        model(feeds[names[0]] if args is None else args, training=False)
+    except Exception:  # noqa: BLE001 - the probe is a help, never a requirement
+        return None
+    finally:
+        for layer in layers:
+            object.__delattr__(layer, "call")
+    found = {name: Probed([]) for name in feeds}
+    tables = []
+    for layer, received in seen:
+        try:
+            value = np.asarray(received)
+        except Exception:  # noqa: BLE001 - not a tensor (a list, a dict)
+            continue
+        if _reads_positions(layer, value) and (layer.name, layer.input_dim) not in tables:
+            tables.append((layer.name, int(layer.input_dim)))
+        for name, pattern in patterns.items():
+            if value.shape != pattern.shape or not np.array_equal(value, pattern):
+                continue
+            if hasattr(layer, "input_dim") and layer not in found[name].embeddings:
+                found[name].embeddings.append(layer)
+            if found[name].masking_layer is None and _masks_zero(layer, received):
+                found[name].masking_layer = layer.name
+    return Probe(found, tables)
+
+
+def _reads_positions(layer, value) -> bool:
+    """Whether an embedding received positions 0, 1, 2, ... (more than 2)."""
+    import numpy as np
+
+    if not isinstance(getattr(layer, "input_dim", None), int) or value.ndim == 0:
+        return False
+    length = value.shape[-1]
+    rows = value.reshape(-1, length) if value.size else value
+    return length > 2 and bool(np.all(rows == np.arange(length)))
+
+
+def role_of(name: str, dtype: str, readers: list[tuple[object, str]], probed=None) -> dict:
+    """The role of one input, what generating it needs, and why.
 
     Args:
         name: the input's name.
         dtype: its dtype's name.
-        readers: the layer calls that read it (`consumers`).
+        readers: the layer calls that read it directly (`consumers`).
+        probed: what `probe` saw of it, or `None` when the probe could not run.
 
     Returns:
-        `role`, `vocabulary`, `masks_zero` and `sequence` (its sequence
-        axis's name), as `loading.TensorInfo` takes them.
+        `role`, `vocabulary`, `masks_zero`, `sequence` (its sequence axis's
+        name), `role_source` (one of `SOURCES`) and `role_reason`, as
+        `loading.TensorInfo` takes them.
     """
-    embeddings = _embeddings_reading(readers)
+    embeddings = probed.embeddings if probed is not None else _embeddings_reading(readers)
+    if probed is None:
+        embeddings = embeddings if _is_integer(dtype) else []
     sequence = "decoder_sequence" if name.startswith("decoder_") else "sequence"
-    found = {"role": "features", "vocabulary": None, "masks_zero": False, "sequence": sequence}
-    if embeddings and _is_integer(dtype):
+    masking = probed.masking_layer if probed is not None else None
+    masking = masking or next(
+        (layer.name for layer in embeddings if getattr(layer, "mask_zero", False)), None
+    )
+    found = {
+        "role": "features",
+        "vocabulary": None,
+        "masks_zero": masking is not None,
+        "sequence": sequence,
+    }
+    if embeddings:
+        vocabulary = min(int(layer.input_dim) for layer in embeddings)
+        reason = f"read by embedding {embeddings[0].name!r} (vocabulary {vocabulary})"
+        if masking:
+            reason += f"; 0 is padding (masked by {masking!r})"
         return {
             **found,
             "role": "ids",
-            "vocabulary": min(int(layer.input_dim) for layer in embeddings),
-            "masks_zero": any(bool(getattr(layer, "mask_zero", False)) for layer in embeddings),
+            "vocabulary": vocabulary,
+            "role_source": "wiring",
+            "role_reason": reason,
         }
-    arguments = {argument_name for _, argument_name in readers}
-    if _is_integer(dtype) and any(_TOKEN_POSITION_ARGUMENT.fullmatch(a) for a in arguments):
-        return {**found, "role": "token_positions"}
-    if _is_integer(dtype) and any(_POSITION_ARGUMENT.fullmatch(a) for a in arguments):
-        return {**found, "role": "positions"}
-    if _is_integer(dtype) and any(_MASK_ARGUMENT.fullmatch(a) for a in arguments):
-        return {**found, "role": "padding_mask"}
-    semantic = [a for a in arguments if not a.startswith("arg") and a not in ("inputs", "x")]
+    by_argument = {argument_name: layer for layer, argument_name in readers}
+    for role, pattern in (
+        ("token_positions", _TOKEN_POSITION_ARGUMENT),
+        ("positions", _POSITION_ARGUMENT),
+        ("padding_mask", _MASK_ARGUMENT),
+    ):
+        matched = [a for a in by_argument if pattern.fullmatch(a)]
+        if _is_integer(dtype) and matched:
+            layer = by_argument[matched[0]]
+            reason = f"passed as {matched[0]!r} to layer {layer.name!r}"
+            return {**found, "role": role, "role_source": "wiring", "role_reason": reason}
+    semantic = [a for a in by_argument if not a.startswith("arg") and a not in ("inputs", "x")]
     if not semantic and _is_integer(dtype) and name.lower().endswith("mask"):
-        return {**found, "role": "padding_mask"}
-    return found
+        reason = "an integer input named *mask, read by plain ops"
+        return {**found, "role": "padding_mask", "role_source": "name", "role_reason": reason}
+    if not _is_integer(dtype):
+        reason = f"{dtype} values that no embedding reads"
+        return {**found, "role_source": "wiring", "role_reason": reason}
+    reason = f"{dtype} values that no embedding, mask or positions argument reads"
+    if masking:
+        reason += f"; 0 is padding (masked by {masking!r})"
+    return {**found, "role_source": "default", "role_reason": reason}
 
 
-def max_sequence_length(model) -> tuple[int | None, str | None]:
-    """The longest sequence the model's position tables allow, and the layer
-    that sets it (keras-hub `PositionEmbedding(sequence_length=...)` and the
-    layers that hold one); `(None, None)` when nothing bounds it."""
+def default_role_warning(info) -> str:
+    """The warning for an input whose role was only defaulted.
+
+    Args:
+        info: the input (`loading.TensorInfo`).
+
+    Returns:
+        One line naming the input, what it is fed, and the override.
+    """
+    return (
+        f"input {info.name!r}: nothing in the model says what it is ({info.role_reason}), "
+        f"so it gets small random integers; if it is token ids, a mask or positions, say so "
+        f"with --input {info.name}=ROLE (ROLE one of {', '.join(ROLES)})"
+    )
+
+
+def max_sequence_length(model, position_tables=()) -> tuple[int | None, str | None]:
+    """The longest sequence the model's position tables allow.
+
+    Args:
+        model: the Keras model; keras-hub `PositionEmbedding(sequence_length=...)`
+            and the layers that hold a `sequence_length` bound it.
+        position_tables: `(layer name, rows)` of the embeddings `probe` saw
+            read positions 0, 1, 2, ... (`Probe.position_tables`).
+
+    Returns:
+        The bound and the layer that sets it; `(None, None)` when nothing does.
+    """
     bound, source = None, None
+    for name, rows in position_tables:
+        if bound is None or rows < bound:
+            bound, source = rows, name
     for layer in model._flatten_layers(include_self=False):
         length = getattr(layer, "sequence_length", None)
         if isinstance(length, int) and length > 0 and (bound is None or length < bound):
@@ -214,7 +414,13 @@ def apply_overrides(infos: list, overrides: Mapping[str, InputRole]) -> list:
                 f"{name!r}; its inputs are {sorted(names)}"
             )
         infos = [
-            replace(info, role=override.role, sequence=override.axis or info.sequence)
+            replace(
+                info,
+                role=override.role,
+                sequence=override.axis or info.sequence,
+                role_source="override",
+                role_reason=f"--input {name}={override}",
+            )
             if info.name == name
             else info
             for info in infos

@@ -1,6 +1,7 @@
 """Stage 1, load: read a `.keras` file into a Keras model and describe its I/O."""
 
 import importlib
+import inspect
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import sys
 import tempfile
 import zipfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +61,14 @@ _CHUNK_BYTES = 1 << 20
 # deflate stream, an unknown compression method, an encrypted entry (RuntimeError).
 _ZIP_ERRORS = (zipfile.BadZipFile, OSError, EOFError, zlib.error, NotImplementedError, RuntimeError)
 
+# The first bytes of an HDF5 file, such as Keras 2's legacy `.h5` models.
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+# Packages whose objects Keras finds from the module a config names: never a custom object.
+_KERAS_PACKAGES = ("keras", "keras_hub", "keras_cv", "keras_nlp")
+# The arguments every layer's config holds (`Layer.get_config`), which Keras passes
+# back to `__init__` when it rebuilds the layer.
+_LAYER_ARGUMENTS = ("name", "trainable", "dtype", "activity_regularizer", "autocast")
+
 # +1 for a byte that opens a JSON array or object, -1 for one that closes it.
 _NESTING_STEPS = np.zeros(256, np.int8)
 _NESTING_STEPS[[ord("["), ord("{")]] = 1
@@ -82,6 +92,9 @@ class TensorInfo:
     sequence: str = "sequence"
     # Every axis' name, when axis 1 is not the only named one (a cache's).
     axes: tuple | None = None
+    # Where the role comes from (`inputs.SOURCES`), and what in the model said so.
+    role_source: str = "wiring"
+    role_reason: str = ""
 
     @property
     def is_padding_mask(self) -> bool:
@@ -124,6 +137,10 @@ class LoadedModel:
     # still holds once the model is released.
     variable_sizes: list = field(default_factory=list)
     name: str = "model"
+    # The shortest sequence the model accepts (a Conv1D stack's kernels and
+    # strides need several tokens), found by running Keras
+    # (`validating.shortest_length`); 1 until then.
+    min_length: int = 1
 
     def release_model(self) -> None:
         """Drop the model, so that its weights can be freed: only for a model
@@ -140,32 +157,62 @@ class LoadedModel:
 _DEPENDENCIES = ("tensorflow", "tf2onnx", "onnx", "onnxruntime", "onnxslim", "keras_hub")
 
 
-def import_modules(names: list) -> None:
-    """Import user modules that register custom layers (`imports`).
+def import_modules(names: list) -> dict:
+    """Import user modules that define custom layers (`imports`).
 
     The working directory is searched for them, and only for them: it joins
     `sys.path` after every dependency is imported and leaves it afterwards.
     A module that raises, or calls `sys.exit`, is a usage error.
+
+    Returns:
+        What the modules define that Keras cannot find by itself, by name, for the
+        loader (`_unregistered_objects`).
     """
     if not names:
-        return
+        return {}
     for dependency in _DEPENDENCIES:
         importlib.import_module(dependency)
     added = os.getcwd() not in sys.path
     if added:
         sys.path.insert(0, os.getcwd())
+    found = {}
     try:
         for name in names:
             try:
-                importlib.import_module(name)
+                module = importlib.import_module(name)
             except (Exception, SystemExit) as error:  # noqa: BLE001 - the user's module
                 raise UsageError(
                     f"{argument('imports', name)}: cannot import it "
                     f"({type(error).__name__}: {error})"
                 ) from error
+            found.update(_unregistered_objects(module))
     finally:
         if added and os.getcwd() in sys.path:
             sys.path.remove(os.getcwd())
+    return found
+
+
+def _unregistered_objects(module) -> dict:
+    """The layers (models included) and functions that `module` itself defines, and
+    that no `register_keras_serializable` names, by the name the archive stores.
+
+    keras.io's examples define custom layers without registering them, and a
+    TextVectorization stores its `standardize` function by its bare name: Keras
+    finds neither unless it is handed them as custom objects. What the module
+    imports is left out, so that an import never stands in for a Keras layer.
+    """
+    import keras
+
+    found = {}
+    for value in vars(module).values():
+        if getattr(value, "__module__", None) != module.__name__:
+            continue
+        layer = isinstance(value, type) and issubclass(value, keras.layers.Layer)
+        if not (layer or inspect.isfunction(value)):
+            continue
+        if keras.saving.get_registered_name(value) == value.__name__:
+            found[value.__name__] = value
+    return found
 
 
 def _check_archive(path: Path) -> None:
@@ -197,6 +244,17 @@ def _check_archive(path: Path) -> None:
         raise ModelLoadError(
             f"{path}: is {kind}, not a regular file; save the model to a file with "
             "model.save('model.keras') and pass that file"
+        )
+    try:
+        with open(path, "rb") as file:
+            signature = file.read(len(_HDF5_SIGNATURE))
+    except OSError as error:
+        raise ModelLoadError(f"{path}: cannot read it ({error.strerror or error})") from error
+    if signature == _HDF5_SIGNATURE:
+        raise ModelLoadError(
+            f"{path}: an HDF5 file (Keras 2's legacy .h5 format?), not a .keras archive; "
+            "load it with keras.saving.load_model and re-save it with "
+            "model.save('model.keras')"
         )
     if not zipfile.is_zipfile(path):
         raise ModelLoadError(
@@ -358,8 +416,9 @@ def _policy_string(value, replaced):
     return value
 
 
-def _float32_archive(path: Path, workdir: Path) -> tuple[Path, list]:
-    """A copy of the archive whose config computes in float32, if it needs one.
+def _float32_archive(path: Path, workdir: Path) -> tuple[Path, list, dict]:
+    """A copy of the archive whose config computes in float32, if it needs one,
+    the policies replaced, and the config as saved.
 
     The sizes are checked again here, where the archive is read, so that no
     archive reaches this read unchecked (the in-memory path comes straight here).
@@ -369,7 +428,7 @@ def _float32_archive(path: Path, workdir: Path) -> tuple[Path, list]:
         config = _read_config(path, archive)
         new_config, replaced = _float32_config(config)
         if not replaced:
-            return path, []
+            return path, [], config
         copy = workdir / path.name
         with zipfile.ZipFile(copy, "w") as out:
             for item in archive.infolist():
@@ -384,26 +443,134 @@ def _float32_archive(path: Path, workdir: Path) -> tuple[Path, list]:
                 entry.file_size = item.file_size
                 with archive.open(item) as source, out.open(entry, "w") as target:
                     shutil.copyfileobj(source, target, _CHUNK_BYTES)
-    return copy, replaced
+    return copy, replaced, config
 
 
-def _explain_load_error(path: Path, error: Exception) -> str:
+def _objects(config: dict) -> Iterator[dict]:
+    """Every object a model config describes (a dict with a `class_name`), in the
+    order the config lists them, found without recursion."""
+    stack = [config]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if "class_name" in node:
+                yield node
+            stack.extend(reversed(node.values()))
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
+
+
+def _custom_references(config: dict) -> dict:
+    """The names under which the config refers to objects outside Keras' packages,
+    each with the module that defined it (None for a function: Keras stores its
+    bare name, under `builtins`)."""
+    names = {}
+    for node in _objects(config):
+        if "module" not in node:  # a reference to a tensor, not an object to find
+            continue
+        module = node["module"]
+        if isinstance(module, str) and module.split(".")[0] in _KERAS_PACKAGES:
+            continue
+        if node["class_name"] == "function":
+            if isinstance(node.get("config"), str):
+                names[node["config"]] = None
+            continue
+        for name in (node["class_name"], node.get("registered_name")):
+            if isinstance(name, str):
+                # Keras stores no module for a class of the script that saved it.
+                names[name] = module or "__main__"
+    return names
+
+
+def _takes_strings(config: dict) -> str | None:
+    """What in the config takes strings (an input, or a TextVectorization layer),
+    or None."""
+    layers = []
+    for node in _objects(config):
+        inner = node.get("config")
+        if not isinstance(inner, dict):
+            continue
+        if node["class_name"] == "InputLayer" and inner.get("dtype") == "string":
+            return f"the input {inner.get('name')!r}"
+        if node["class_name"] == "TextVectorization":
+            layers.append(f"the TextVectorization layer {inner.get('name')!r}")
+    return layers[0] if layers else None
+
+
+def _strings_refused(where: str, what: str) -> str:
+    # tf2onnx has no ONNX op for TensorFlow's string lookup tables, so the
+    # conversion would fail late, on `LookupTableFindV2`.
+    return (
+        f"{where}: {what} takes strings, and string inputs cannot be exported; export "
+        "the model after its text preprocessing, taking token ids in"
+    )
+
+
+def _first_and_cause(error: Exception) -> str:
+    """The first line of an error, and the line at the bottom of it that says what
+    went wrong (Keras chains the errors of nested objects into one text)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    # `_raise_loading_failure` ends with the list of every object that failed.
+    for index, line in enumerate(lines):
+        if line.startswith("List of objects that could not be loaded"):
+            lines = lines[:index]
+            break
+    causes = [line for line in lines[1:] if not line.startswith("config=")]
+    first = _cut(lines[0], 200)
+    if not causes:
+        return first
+    return f"{first} ... {_cut(causes[-1].removeprefix('Exception encountered: '), 300)}"
+
+
+def _cut(line: str, limit: int) -> str:
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _unknown(name: str, references: dict) -> str:
+    """What to do about an object the loader cannot find, from the module that
+    defined it when the config says which."""
+    module = references.get(name)
+    if module == "__main__":
+        return (
+            f"unknown layer or function '{name}', defined in the script that saved the "
+            f"model. Put it in a module and import that with {fix('imports')}."
+        )
+    if module:
+        return (
+            f"unknown layer or function '{name}', defined in the module {module}. "
+            f"Import that module with {fix('imports').replace('MODULE', module)}."
+        )
+    return (
+        f"unknown layer or function '{name}'. Import the module that defines it "
+        f"with {fix('imports')}."
+    )
+
+
+def _explain_load_error(path: Path, error: Exception, config: dict) -> str:
+    """One line on why Keras could not load the archive, with the fix."""
     text = str(error)
     match = re.search(r"[Cc]ould not locate (?:class|function) '([^']+)'", text)
     if match:
-        return (
-            f"{path}: unknown layer or object '{match.group(1)}'. Import the module "
-            f"that defines and registers it with {fix('imports')}."
-        )
+        return f"{path}: {_unknown(match.group(1), _custom_references(config))}"
     if "safe_mode" in text and "Lambda" in text:
         return (
             f"{path}: the model holds a Lambda layer (Python code stored in the "
             "file), which Keras' safe mode refuses to load because it can run "
             f"arbitrary code. If you trust the file, pass {fix('unsafe')}."
         )
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    detail = lines[0][:300] if lines else type(error).__name__
-    return f"{path}: cannot load the model ({type(error).__name__}: {detail})"
+    match = re.search(r"([\w.]+)\.__init__\(\) got an unexpected keyword argument '(\w+)'", text)
+    if match and match.group(2) in _LAYER_ARGUMENTS:
+        name, argument_name = match.groups()
+        return (
+            f"{path}: the layer {name} cannot be rebuilt from its config: its __init__ "
+            f"does not take '{argument_name}', which Keras passes every layer "
+            f"({', '.join(_LAYER_ARGUMENTS[:3])}). Add **kwargs to {name}.__init__ and "
+            f"pass them on with super().__init__(**kwargs), or give {name} a "
+            "from_config classmethod."
+        )
+    return f"{path}: cannot load the model ({type(error).__name__}: {_first_and_cause(error)})"
 
 
 def flatten(structure, names=None) -> list:
@@ -486,15 +653,24 @@ def _describe(model):
     if len(output_names) != len(flat_output_tensors):
         output_names = [f"output_{i}" for i in range(len(flat_output_tensors))]
     flat_outputs = _flat_named(output_struct, output_names)
+    named = _flat_named(input_struct, input_names)
+    probed = inputs_module.probe(
+        model,
+        [(name, tuple(tensor.shape), str(tensor.dtype)) for name, tensor in named],
+        _structure(input_struct),
+        inputs_module.max_sequence_length(model)[0],
+    )
     inputs = []
-    for name, tensor in _flat_named(input_struct, input_names):
+    for name, tensor in named:
         dtype = str(tensor.dtype)
-        role = inputs_module.role_of(name, dtype, inputs_module.consumers(model, tensor))
+        readers = inputs_module.consumers(model, tensor)
+        role = inputs_module.role_of(name, dtype, readers, probed.inputs[name] if probed else None)
         inputs.append(TensorInfo(name=name, shape=tuple(tensor.shape), dtype=dtype, **role))
     outputs = [
         TensorInfo(name=name, shape=tuple(t.shape), dtype=str(t.dtype)) for name, t in flat_outputs
     ]
-    return inputs, outputs, _structure(input_struct), _structure(output_struct)
+    tables = probed.position_tables if probed else []
+    return inputs, outputs, _structure(input_struct), _structure(output_struct), tables
 
 
 def unique_variables(model) -> list:
@@ -522,24 +698,38 @@ def _half_policies(model) -> list:
     return sorted(names & set(_HALF_POLICIES))
 
 
-def _load_archive(path: Path, unsafe: bool):
+def _load_archive(path: Path, unsafe: bool, custom_objects: dict):
     """The archive's model, computing in float32 (`_float32_archive`), loaded
     with one copy of its weights in memory (`lean_loading`), or by Keras'
-    `load_model` when that cannot read it."""
+    `load_model` when that cannot read it.
+
+    Of `custom_objects` (`import_modules`), only those the config names as objects
+    outside Keras are handed to the loader: Keras looks some of its own names up
+    among them first (a functional model's config names its class `Functional`
+    as if registered), so a user's class of that name would replace Keras' own.
+    """
     import keras
 
     with tempfile.TemporaryDirectory() as workdir:
-        source, replaced = _float32_archive(path, Path(workdir))
+        source, replaced, config = _float32_archive(path, Path(workdir))
+        takes_strings = _takes_strings(config)
+        if takes_strings:
+            # Refused before Keras builds the model: it would trip first over the
+            # `standardize` function of a TextVectorization, unknown in this process.
+            raise ModelLoadError(_strings_refused(str(path), takes_strings))
+        wanted = _custom_references(config)
+        known = {name: obj for name, obj in custom_objects.items() if name in wanted}
         try:
-            model = lean_loading.load(source, safe_mode=not unsafe)
-            if model is None:
-                model = keras.saving.load_model(source, compile=False, safe_mode=not unsafe)
+            with keras.saving.custom_object_scope(known):
+                model = lean_loading.load(source, safe_mode=not unsafe)
+                if model is None:
+                    model = keras.saving.load_model(source, compile=False, safe_mode=not unsafe)
         except Exception as error:  # noqa: BLE001 - translated for the user
-            raise ModelLoadError(_explain_load_error(path, error)) from error
+            raise ModelLoadError(_explain_load_error(path, error, config)) from error
     return model, replaced
 
 
-def _in_float32(model, unsafe: bool):
+def _in_float32(model, unsafe: bool, custom_objects: dict):
     """The in-memory `model` itself, or a float32 copy when it computes in half
     precision (saved to a temporary archive and loaded back, as from a file)."""
     if not _half_policies(model):
@@ -554,7 +744,7 @@ def _in_float32(model, unsafe: bool):
                 f"through a saved copy, and saving it failed ({type(error).__name__}: "
                 f"{error}); make its custom layers serializable (get_config)"
             ) from error
-        return _load_archive(path, unsafe)
+        return _load_archive(path, unsafe, custom_objects)
 
 
 def load(model, imports=(), unsafe=False, input_roles=None) -> LoadedModel:
@@ -563,7 +753,8 @@ def load(model, imports=(), unsafe=False, input_roles=None) -> LoadedModel:
 
     Args:
         model: a `keras.Model`, or the path of a `.keras` file.
-        imports: modules to import first (they register custom layers).
+        imports: modules to import first: the custom layers and functions they
+            define are found by name, registered or not.
         unsafe: load in Keras' unsafe mode (Lambda layers' code runs).
         input_roles: overrides of the roles read from the model, by input name.
 
@@ -578,14 +769,14 @@ def load(model, imports=(), unsafe=False, input_roles=None) -> LoadedModel:
 
     keras_layers.ScaledEmbedding  # noqa: B018 - naming one registers the layers with Keras
 
-    import_modules(list(imports))
+    custom_objects = import_modules(list(imports))
     if isinstance(model, keras.Model):
         path = None
-        model, replaced = _in_float32(model, unsafe)
+        model, replaced = _in_float32(model, unsafe, custom_objects)
     elif isinstance(model, str | os.PathLike):
         path = Path(model)
         _check_archive(path)
-        model, replaced = _load_archive(path, unsafe)
+        model, replaced = _load_archive(path, unsafe, custom_objects)
         if not isinstance(model, keras.Model):
             raise ModelLoadError(f"{path}: holds a {type(model).__name__}, not a model")
     else:
@@ -593,19 +784,15 @@ def load(model, imports=(), unsafe=False, input_roles=None) -> LoadedModel:
             f"{argument('model')}: expected a keras.Model or the path of a .keras file, "
             f"got {type(model).__name__}"
         )
-    inputs, outputs, input_structure, output_structure = _describe(model)
+    inputs, outputs, input_structure, output_structure, tables = _describe(model)
     inputs = inputs_module.apply_overrides(inputs, dict(input_roles or {}))
-    max_length, max_length_source = inputs_module.max_sequence_length(model)
+    max_length, max_length_source = inputs_module.max_sequence_length(model, tables)
     if not inputs:
         raise ModelLoadError(f"{path or argument('model')}: the model has no inputs")
     strings = [tensor.name for tensor in inputs if tensor.dtype == "string"]
     if strings:
-        # tf2onnx has no ONNX op for TensorFlow's string lookup tables, so the
-        # conversion would fail late, on `LookupTableFindV2`.
         raise ModelLoadError(
-            f"{path or argument('model')}: the input {strings[0]!r} takes strings, and "
-            "string inputs cannot be exported; export the model after its text "
-            "preprocessing, taking token ids in"
+            _strings_refused(str(path or argument("model")), f"the input {strings[0]!r}")
         )
     return LoadedModel(
         model=model,

@@ -37,14 +37,18 @@ class ExportOptions:
         atol: absolute tolerance of every check.
         rtol: relative tolerance, times |Keras output|.
         opset: the ONNX opset to convert to (13 up to tf2onnx's newest).
-        imports: modules to import first (they register custom layers); only
-            for these is the working directory searched.
+        imports: modules to import first: the custom layers and functions they
+            define are found by name, registered or not; only for these is the
+            working directory searched.
         unsafe: allow Lambda layers when loading a file (runs code stored in it).
         external_data: `"auto"` (weights in a data file beside the graph,
             `OUTPUT.<content hash>.data`, when over ~1.8 GB), `"always"` or
             `"never"`.
         quantize: `"int8"` also writes `OUTPUT.int8.onnx`, quantized dynamically
-            and judged by top-1 agreement with Keras (`validating.INT8_MIN_TOP1`).
+            and judged by its top-1 agreement with Keras pooled over the grid.
+        int8_min_top1: the int8 file's gate: the least share of real tokens
+            (at least `validating.INT8_MIN_TOKENS` of them over the grid) whose
+            top-1 class agrees with Keras', between 0 and 1.
         allow_nonfinite: accept NaN or infinity in Keras' own outputs (the
             ONNX output must have the same ones); by default such a check fails,
             since a model that computes NaN is broken whatever the file does.
@@ -76,6 +80,7 @@ class ExportOptions:
     unsafe: bool = False
     external_data: str = "auto"
     quantize: str | None = None
+    int8_min_top1: float = validating.INT8_MIN_TOP1
     allow_nonfinite: bool = False
     input_roles: Mapping[str, InputRole] = field(default_factory=dict)
     memory_check: bool = True
@@ -85,6 +90,9 @@ class ExportOptions:
         _set = object.__setattr__  # the one place a frozen field is normalised
         _set(self, "atol", _tolerance("atol", self.atol))
         _set(self, "rtol", _tolerance("rtol", self.rtol))
+        _set(self, "int8_min_top1", _tolerance("int8_min_top1", self.int8_min_top1))
+        if self.int8_min_top1 > 1:
+            raise UsageError(f"{argument('int8_min_top1', self.int8_min_top1)}: must be <= 1")
         converting.check_opset(self.opset)
         _check_choice("quantize", self.quantize, QUANTIZE_CHOICES, "unsupported; ", none_ok=True)
         _check_choice("external_data", self.external_data, EXTERNAL_DATA_CHOICES, "")

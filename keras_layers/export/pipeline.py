@@ -11,7 +11,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from keras_layers.export import (
@@ -23,7 +23,6 @@ from keras_layers.export import (
     reporting,
     slimming,
     tasks,
-    validating,
 )
 from keras_layers.export.errors import OutputError, UsageError, ValidationFailed, argument
 from keras_layers.export.loading import LoadedModel
@@ -127,28 +126,17 @@ def _quantize(task: Task, converted: "_Converted", staged: "_Staged", checks: Ch
     on the float file's grid and Keras outputs (`checks`)."""
     int8_path, param_bytes = staged.int8, converted.loaded.param_bytes
     quantizing.quantize_int8(staged.graph, int8_path)
-    int8_checks = Checks(
-        grid=checks.grid,
-        references=checks.references,
-        quantized=True,
-        lean_memory=checks.lean_memory,
-    )
+    int8_checks = replace(checks, quantized=True, on_step=None)
     validation = task.validate(converted.loaded, int8_path, int8_checks)
     evaluation = evaluate(int8_path) if evaluate else None
-    worst = min(
-        (check for check in validation.checks if check.top1_agreement is not None),
-        key=lambda check: check.top1_agreement,
-        default=None,
-    )
     size = int8_path.stat().st_size
     return {
         "passed": validation.passed and (evaluation is None or bool(evaluation["passed"])),
         "file_bytes": size,
         "size_ratio": round(size / param_bytes, 4) if param_bytes else None,
-        "min_top1": validating.INT8_MIN_TOP1,
-        "lowest_top1": (
-            {"agreement": worst.top1_agreement, "shape": worst.shape} if worst else None
-        ),
+        "min_top1": checks.min_top1,
+        "gates": [asdict(gate) for gate in validation.gates],
+        "failure": None if validation.passed else validation.failure(),
         "checks": [asdict(check) for check in validation.checks],
         "evaluation": evaluation,
     }
@@ -175,13 +163,7 @@ def _failure_message(report: dict, validation, targets, final) -> str:
     if not validation.passed:
         return f"validation failed: {validation.failure()}. {kept} Report: {final.report}"
     int8 = report["int8"]
-    lowest = int8["lowest_top1"]
-    detail = (
-        f"lowest top-1 agreement {lowest['agreement']:.2%} at {lowest['shape']} "
-        f"(at least {int8['min_top1']:.0%} needed)"
-        if lowest
-        else "an output without top-1 moved beyond the int8 bound"
-    )
+    detail = int8["failure"] or "the int8 file passes its gates"
     if int8["evaluation"] is not None and not int8["evaluation"]["passed"]:
         detail += f"; {int8['evaluation'].get('summary', 'the task-level check failed')}"
     return (
@@ -246,7 +228,7 @@ def export_model(
     with Interrupts().watching() as interrupts, placement.staging_folder(output) as folder:
         run = Run(progress or no_progress, interrupts)
         converted = _convert(model, exporter, options, run, folder)
-        grid = exporter.grid(converted.loaded, options.shapes)
+        grid = converted.grid
         staged = _Staged.write(converted.slimmed.proto, folder, output, converted.external)
         validation, checks = validate_stage(
             exporter, converted.loaded, staged.graph, grid, options, run, converted.external
@@ -339,6 +321,7 @@ class _Converted:
     weights_read: set
     slimmed: object
     external: bool
+    grid: list | None
 
 
 def _convert(model, task: Task, options: ExportOptions, run: Run, folder: Path) -> _Converted:
@@ -354,6 +337,8 @@ def _convert(model, task: Task, options: ExportOptions, run: Run, folder: Path) 
         described = task.describe(loaded)
         traced = task.trace(loaded)
         loaded.inputs, loaded.outputs = described
+        # The grid before converting: one the model cannot take fails at once.
+        grid = task.grid(loaded, options.shapes)
     with run.stage("convert"):
         data_path = folder / _STAGED_DATA if external else None
         converted = converting.convert(traced, opset=options.opset, data_path=data_path)
@@ -365,7 +350,7 @@ def _convert(model, task: Task, options: ExportOptions, run: Run, folder: Path) 
             run_onnxslim=not external,
             model_name=loaded.name,
         )
-    return _Converted(loaded, converted.weights_read, slimmed, external)
+    return _Converted(loaded, converted.weights_read, slimmed, external, grid)
 
 
 def validate_stage(task: Task, loaded, source, grid, options: ExportOptions, run: Run, lean: bool):
@@ -399,6 +384,7 @@ def validate_stage(task: Task, loaded, source, grid, options: ExportOptions, run
             allow_nonfinite=options.allow_nonfinite,
             lean_memory=lean,
             on_step=run.steps("validate"),
+            min_top1=options.int8_min_top1,
         )
         validation = task.validate(loaded, source, checks)
     return validation, checks

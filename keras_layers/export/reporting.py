@@ -30,8 +30,37 @@ def versions() -> dict:
     return found
 
 
-def tensor_entries(infos) -> list:
-    return [{"name": info.name, "shape": info.axis_names(), "dtype": info.dtype} for info in infos]
+def tensor_entries(infos, roles: bool = False) -> list:
+    """The report's `inputs` or `outputs`.
+
+    Args:
+        infos: the tensors (`loading.TensorInfo`).
+        roles: add each one's role, its source and what in the model said so.
+
+    Returns:
+        One JSON-ready dict per tensor.
+    """
+    entries = []
+    for info in infos:
+        entry = {"name": info.name, "shape": info.axis_names(), "dtype": info.dtype}
+        if roles:
+            entry.update(
+                role=info.role,
+                role_source=info.role_source,
+                role_reason=info.role_reason,
+                vocabulary=info.vocabulary,
+                masks_zero=info.masks_zero,
+            )
+        entries.append(entry)
+    return entries
+
+
+def role_warnings(loaded) -> list[str]:
+    """What the checks could only guess: each input whose role was defaulted
+    (`inputs.default_role_warning`)."""
+    from keras_layers.export.inputs import default_role_warning
+
+    return [default_role_warning(info) for info in loaded.inputs if info.role_source == "default"]
 
 
 def _weight_accounting(loaded, weights_read: set, slimmed) -> dict:
@@ -148,7 +177,8 @@ def build_report(
         "constant_bytes": weights["constant_bytes"],
         "external_data": external_data,
         "exported_from_policies": loaded.source_policies,
-        "inputs": tensor_entries(loaded.inputs),
+        "inputs": tensor_entries(loaded.inputs, roles=True),
+        "warnings": role_warnings(loaded) + validation.warnings,
         "outputs": tensor_entries(loaded.outputs),
         **check_entries(validation),
         "graph": _graph_entry(slimmed),

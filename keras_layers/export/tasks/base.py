@@ -31,10 +31,11 @@ class Checks:
         atol: absolute tolerance.
         rtol: relative tolerance, times |Keras output|.
         allow_nonfinite: accept NaN or infinity in Keras' own outputs.
-        quantized: an int8 file, judged by its predictions instead.
+        quantized: an int8 file, judged by its pooled predictions instead.
         lean_memory: ONNX Runtime runs without pre-packing and its memory
             arena (`validating.validate`).
         on_step: called as `on_step(done, total)` after each step.
+        min_top1: the int8 gate: pooled top-1 agreement with Keras.
     """
 
     grid: list | None = None
@@ -45,6 +46,7 @@ class Checks:
     quantized: bool = False
     lean_memory: bool = False
     on_step: Callable[[int, int], None] | None = None
+    min_top1: float = validating.INT8_MIN_TOP1
 
 
 class Task(Protocol):

@@ -6,6 +6,7 @@ batch sizes and sequence lengths, plus a right-padded batch when the model
 masks padding (`validating`).
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 from keras_layers.export import tracing, validating
@@ -26,15 +27,21 @@ class Forward:
         del options
 
     def describe(self, loaded: LoadedModel) -> tuple[list, list]:
-        """The model's own inputs and outputs.
+        """The model's own inputs, independent sequences on axes of their own
+        (`validating.split_sequence_axes`), and its outputs, each axis named
+        after the input axis it follows (`validating.name_output_axes`).
+        Sets `loaded.min_length` (`validating.shortest_length`) first, which
+        the runs behind both, and the grid, start from.
 
         Args:
             loaded: the loaded model.
 
         Returns:
-            `(loaded.inputs, loaded.outputs)`.
+            `(inputs, outputs)`.
         """
-        return loaded.inputs, loaded.outputs
+        loaded.min_length = validating.shortest_length(loaded)
+        inputs = validating.split_sequence_axes(loaded)
+        return inputs, validating.name_output_axes(replace(loaded, inputs=inputs))
 
     def trace(self, loaded: LoadedModel) -> TracedModel:
         """`tracing.trace`: the model's call, its weights as inputs."""
@@ -95,4 +102,5 @@ class Forward:
             allow_nonfinite=checks.allow_nonfinite,
             lean_memory=checks.lean_memory,
             references=checks.references,
+            min_top1=checks.min_top1,
         )
