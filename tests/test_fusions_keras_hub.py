@@ -347,7 +347,7 @@ def test_the_report_and_verbose_say_why_a_softmax_was_not_fused(tmp_path, capsys
     assert main([str(path), *output, "--shapes", "1x4", "--verbose"]) == 0
 
     report = json.loads((tmp_path / "c.report.json").read_text())
-    reason = "the probabilities are a model output or read by more than one node"
+    reason = "a softmax that no MatMul reads: not an attention"
     assert report["graph"]["declined"]["MultiHeadAttention"] == {reason: 1}
     printed = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
     assert f"not fused (MultiHeadAttention) x1: {reason}" in printed
@@ -551,7 +551,7 @@ def test_keras_hub_attention_with_a_bias_is_fused_in_every_layer(
     assert report["graph"]["fused"]["MultiHeadAttention"] == attentions, report["graph"]
     declined = report["graph"]["declined"].get("MultiHeadAttention", {})
     assert declined == (
-        {"the probabilities do not weigh the values in a MatMul": routers} if routers else {}
+        {"a softmax that no MatMul reads: not an attention": routers} if routers else {}
     )
     assert op_types(path).count("Softmax") == routers
     differences = zoo_models.parity(model, path, zoo_models.padded_feed(model))

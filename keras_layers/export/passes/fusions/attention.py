@@ -23,6 +23,11 @@ from keras_layers.export.passes.fusions import pattern
 # in a fully masked row the largest logit would win.
 MASKED = np.float32(-3e38)
 HEADS_FIRST = [0, 2, 1, 3]
+# Why a softmax whose probabilities no MatMul reads is left alone.
+NOT_ATTENTION = "a softmax that no MatMul reads: not an attention"
+RESHAPED = (
+    "the probabilities reach their MatMul through a reshape: attention on inputs of rank above 3"
+)
 
 
 def transposed(g, name, perm):
@@ -208,7 +213,7 @@ class Attention:
 
 
 def probabilities_reader(g, softmax):
-    """The `MatMul` that weighs the values by the softmax, and the select between.
+    """The `MatMul` that weighs the values by the softmax, and what lies between.
 
     Keras reaches the softmax two ways. `ops.dot_product_attention` (dropout 0)
     feeds it straight to the matmul. `MultiHeadAttention` with dropout, and
@@ -219,39 +224,111 @@ def probabilities_reader(g, softmax):
     op gets the same and those rows are zeroed after it
     (`multi_head_attention._visible_rows`). GPT-OSS drops a sink's column
     from the probabilities first (`Slice(p, 0, -1)` on the last axis, see
-    `_sink_column`).
+    `_sink_column`). Without a mask, tf2onnx's transpose optimizer moves the
+    einsum path's transposed product past the softmax (see `_swapped_softmax`).
 
     Args:
         g: the `Graph`.
         softmax: the Softmax node.
 
     Returns:
-        (matmul, zeroing Where or None, whether a last column was dropped),
-        or a reason.
+        (matmul, zeroing Where or None, whether a last column was dropped,
+        the Transpose after a softmax over axis 2 or None), or a reason.
     """
-    axis = next((a.i for a in softmax.attribute if a.name == "axis"), -1)
-    if axis not in (-1, 3):
-        return "the softmax is not over the last axis"
+    if not reaches_a_matmul(g, softmax.output[0]):
+        return NOT_ATTENTION
+    swapped = None
+    if not _over_last_axis(g, softmax):
+        swapped = _swapped_softmax(g, softmax)
+        if isinstance(swapped, str):
+            return swapped
     if not g.only_used_by(softmax.output[0]):
         return "the probabilities are a model output or read by more than one node"
-    (reader,) = g.consumers[softmax.output[0]]
+    probabilities = (softmax if swapped is None else swapped).output[0]
+    if swapped is not None and not g.only_used_by(probabilities):
+        return "the transposed probabilities are a model output or read by more than one node"
+    (reader,) = g.consumers[probabilities]
     zeroing = None
     if reader.op_type == "Where":
         zero = g.const(reader.input[2])
-        if reader.input[1] != softmax.output[0] or zero is None or zero.size != 1 or zero.any():
+        if reader.input[1] != probabilities or zero is None or zero.size != 1 or zero.any():
             return "the select after the softmax does not set masked probabilities to 0"
         if not g.only_used_by(reader.output[0]):
             return "the selected probabilities are read by more than one node"
         zeroing, (reader,) = reader, g.consumers[reader.output[0]]
-    source = (zeroing or softmax).output[0]
-    sliced = reader.op_type == "Slice" and zeroing is None and _drops_last_column(g, reader)
+    source = zeroing.output[0] if zeroing is not None else probabilities
+    plain = zeroing is None and swapped is None
+    sliced = reader.op_type == "Slice" and plain and _drops_last_column(g, reader)
     if sliced:
         if not g.only_used_by(reader.output[0]):
             return "the probabilities without the sink are read by more than one node"
         source, (reader,) = reader.output[0], g.consumers[reader.output[0]]
+    if reader.op_type in ("Reshape", "Squeeze", "Unsqueeze"):
+        # Keras' einsums with more than one batch axis, which the trace
+        # leaves to tf2onnx (MultiHeadAttention on inputs of rank above 3)
+        return RESHAPED
     if reader.op_type != "MatMul" or reader.input[0] != source:
         return "the probabilities do not weigh the values in a MatMul"
-    return reader, zeroing, sliced
+    return reader, zeroing, sliced, swapped
+
+
+def reaches_a_matmul(g, name, steps=3) -> bool:
+    """Whether a `MatMul` reads `name`, directly or through up to `steps` of
+    the nodes that stand between a softmax and its values in the forms we
+    know (selects, transposes, slices) and in tf2onnx's einsums (reshapes,
+    squeezes). A softmax that none reads (a classifier's output, a
+    mixture-of-experts router's) is no attention.
+
+    Args:
+        g: the `Graph`.
+        name: the tensor, a softmax's output.
+        steps: how many nodes may stand between.
+
+    Returns:
+        True or False.
+    """
+    between = ("Where", "Transpose", "Slice", "Reshape", "Squeeze", "Unsqueeze")
+    for reader in g.consumers[name]:
+        if reader.op_type == "MatMul":
+            return True
+        if steps and reader.op_type in between and reaches_a_matmul(g, reader.output[0], steps - 1):
+            return True
+    return False
+
+
+def _over_last_axis(g, softmax) -> bool:
+    """Whether `softmax` normalises its input's last axis. Its axis is -1
+    (the default) or, counted from the front, its input's rank less one:
+    axis 3 of a 5-D grouped product would normalise the queries."""
+    axis = pattern.attribute(softmax, "axis", -1)
+    return axis == -1 or axis == g.ranks.get(softmax.input[0], 0) - 1
+
+
+def _swapped_softmax(g, softmax):
+    """The `Transpose(Softmax(x, axis=2), [0, 1, 3, 2])` after `softmax`, or why
+    the softmax is not over the last axis.
+
+    Keras' einsum path (`MultiHeadAttention` with dropout) writes the logits as
+    `Transpose(MatMul(k^T, q^T), [0, 1, 3, 2])` (see `_product`). Where no
+    select stands between them and the softmax, tf2onnx's transpose
+    optimizer moves that transpose after the softmax and makes the softmax's
+    axis 2, the axis the transpose will make the last (ONNX's `Softmax`
+    normalises one axis since opset 13; the fused op needs 15). So
+    `Transpose(Softmax(x, 2), [0, 1, 3, 2])` is `Softmax(Transpose(x, [0, 1, 3, 2]))`:
+    the logits are x transposed, and `match_plain` reads x as the product
+    the transpose was taken of.
+    """
+    axis, rank = pattern.attribute(softmax, "axis", -1), g.ranks.get(softmax.input[0])
+    if rank is None:
+        return f"the softmax is over axis {axis} of a tensor of unknown rank, not surely the last"
+    readers = g.consumers[softmax.output[0]]
+    swap = readers[0] if len(readers) == 1 and readers[0].op_type == "Transpose" else None
+    if rank != 4 or axis not in (2, -2) or swap is None or pattern.perm(swap) != [0, 1, 3, 2]:
+        return (
+            f"the softmax is over axis {axis} of a rank-{rank} tensor, not the last, and no "
+            "transpose of the last two axes follows it"
+        )
+    return swap
 
 
 def _drops_last_column(g, node) -> bool:
@@ -401,7 +478,7 @@ def scaled(g, name, shape_readers=None):
     return name, None
 
 
-def _product(g, name, shape_readers: list):
+def _product(g, name, shape_readers: list | None, swapped_after=False):
     """(q, k, scale factors, G) for a q.k^T product, scaled or not, producing
     `name`, q (B, T, N, H) and k (B, S, N / G, H), each head of k repeated G
     times in a row (see `heads_first`); or a reason. `Shape` nodes reading the (B, N, T, S)
@@ -412,17 +489,21 @@ def _product(g, name, shape_readers: list):
     lowers `einsum("aecd,abcd->acbe", key, query)` to
     `Transpose(MatMul(k^T, (q*scale)^T), [0, 1, 3, 2])`; keras-hub's GPT-NeoX
     scales the product inside that transpose. Each scalar `Mul` on the way is
-    one of the factors.
+    one of the factors. With `swapped_after`, `name` is that transpose's
+    input, the transpose taken after the softmax (see `_swapped_softmax`).
     """
     name, outer = scaled(g, name, shape_readers)
     if not _sole_reader(g, name, shape_readers):
         return "the logits are read by more than one node"
     middle = None
-    swapped = g.node(name, "Transpose")
-    if swapped is not None:
-        if pattern.perm(swapped) != [0, 1, 3, 2] or not g.only_used_by(swapped.input[0]):
-            return "the logits are not a transposed product"
-        inside, middle = scaled(g, swapped.input[0])
+    swapped = None if swapped_after else g.node(name, "Transpose")
+    if swapped is not None or swapped_after:
+        inside = name
+        if swapped is not None:
+            if pattern.perm(swapped) != [0, 1, 3, 2] or not g.only_used_by(swapped.input[0]):
+                return "the logits are not a transposed product"
+            inside = swapped.input[0]
+        inside, middle = scaled(g, inside)
         product = g.node(inside, "MatMul")
         if product is None or not g.only_used_by(inside):
             return "the logits are not a transposed product"
@@ -521,6 +602,26 @@ def _attention_logits(g, logits, shapes):
     return q, k, scale, bias, (outer if bias is not None else None), readers, groups
 
 
+def _swapped_logits(g, logits):
+    """As `_attention_logits` for the logits of a softmax over axis 2 that a
+    transpose follows (see `_swapped_softmax`): `logits` is then
+    `[s *] MatMul(k^T, q^T)`, (B, N, S, T), with no mask or bias. A select or
+    a bias there would be transposed too; no Keras form writes one, so
+    either is declined."""
+    if g.node(logits, "Where") is not None:
+        return "a mask selects logits that the softmax reads transposed"
+    if g.node(scaled(g, logits)[0], "Add") is not None:
+        return "a bias is added to logits that the softmax reads transposed"
+    found = _product(g, logits, None, swapped_after=True)
+    if isinstance(found, str):
+        return found
+    q, k, factors, groups = found
+    scale = combined_scale(factors)
+    if isinstance(scale, str):
+        return scale
+    return q, k, scale, None, None, [], groups
+
+
 def _attention_heads(shapes, q, k, v, out, groups=1):
     """(heads, head size) when q, k, v and the output are float32 (B, T, N, H),
     k and v with N / `groups` heads; or a reason."""
@@ -541,10 +642,11 @@ def _attention_heads(shapes, q, k, v, out, groups=1):
     return heads, size
 
 
-def match_plain(g, softmax, pv, zeroing, out, sliced=False):
+def match_plain(g, softmax, pv, zeroing, out, sliced=False, swapped=None):
     """Match the (B, T, N, H) form around `softmax`, whose probabilities `pv`
     weighs (after `zeroing`, or with a sink's column dropped when `sliced`,
-    see `probabilities_reader`) and `out` transposes: an `Attention`, or why not.
+    or transposed by `swapped`, see `probabilities_reader`) and `out`
+    transposes: an `Attention`, or why not.
 
     `Transpose(MatMul([Where(mask, ] Softmax([Where(mask,] logits [, -big)])
     [, 0)], v^T))` with the logits of `_attention_logits` and q, k, v of shape
@@ -558,6 +660,7 @@ def match_plain(g, softmax, pv, zeroing, out, sliced=False):
         zeroing: the select after the softmax, or None.
         out: the node after `pv`.
         sliced: whether a sink's column was dropped before `pv`.
+        swapped: the Transpose after a softmax over axis 2, or None.
 
     Returns:
         An `Attention`, or a reason.
@@ -575,13 +678,18 @@ def match_plain(g, softmax, pv, zeroing, out, sliced=False):
         if isinstance(found, str):
             return found
         masked, sinks = found
-    found = attention_mask(g, masked, zeroing, sink_readers if sliced else None)
-    if isinstance(found, str):
-        return found
-    mask, logits = found
-    if isinstance(mask, tuple) and zeroing is not None:
-        return "several masks and a select after the softmax"
-    found = _attention_logits(g, logits, shapes)
+    if swapped is not None and zeroing is not None:
+        return "the probabilities are zeroed where no mask selected the logits"
+    if swapped is not None:
+        mask, found = None, _swapped_logits(g, masked)
+    else:
+        found = attention_mask(g, masked, zeroing, sink_readers if sliced else None)
+        if isinstance(found, str):
+            return found
+        mask, logits = found
+        if isinstance(mask, tuple) and zeroing is not None:
+            return "several masks and a select after the softmax"
+        found = _attention_logits(g, logits, shapes)
     if isinstance(found, str):
         return found
     q, k, scale, bias, bias_scale, shape_readers, groups = found

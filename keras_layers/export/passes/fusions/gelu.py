@@ -72,17 +72,28 @@ def _bias_declines(model, node):
     return None
 
 
-def _guarded(fusion_class, before=None, after=None):
+def _tanh_of_a_gelu(node, input_name_to_nodes) -> bool:
+    """Whether an `Add` reads the tanh `node`: every tanh GELU ONNX Runtime's
+    FusionFastGelu matches computes `1 + tanh(...)`. An LSTM's tanh goes to a
+    `Mul` and is no candidate; saying it found no GELU there is noise."""
+    readers = input_name_to_nodes.get(node.output[0], ())
+    return any(reader.op_type == "Add" for reader in readers)
+
+
+def _guarded(fusion_class, before=None, after=None, candidate=None):
     """`fusion_class` with our own checks around each match, and reasons kept.
 
-    `before(model, node)` may decline a node before ONNX Runtime's matcher sees
-    it; `after(model, new_node)` may take back what the matcher made. A match
-    is also taken back when a value it removes is a graph output (ONNX
-    Runtime's safety check looks only at the nodes that read it).
+    `candidate(node, input_name_to_nodes)` false leaves a node alone without
+    a reason; `before(model, node)` may decline a node before ONNX Runtime's
+    matcher sees it; `after(model, new_node)` may take back what the matcher
+    made. A match is also taken back when a value it removes is a graph
+    output (ONNX Runtime's safety check looks only at the nodes that read it).
     """
 
     class Guarded(fusion_class):
         def fuse(self, node, input_name_to_nodes, output_name_to_node):
+            if candidate is not None and not candidate(node, input_name_to_nodes):
+                return
             reason = before(self.model, node) if before else None
             if reason is None:
                 removed, added = len(self.nodes_to_remove), len(self.nodes_to_add)
@@ -213,7 +224,11 @@ def _steps(modules: dict, skip_norms: bool) -> list:
     biasgelu, skip = modules["fusion_biasgelu"], modules["fusion_skiplayernorm"]
     steps = [
         (_guarded(modules["fusion_gelu"].FusionGelu), (), "Erf"),
-        (_guarded(modules["fusion_fastgelu"].FusionFastGelu), (), "Tanh"),
+        (
+            _guarded(modules["fusion_fastgelu"].FusionFastGelu, candidate=_tanh_of_a_gelu),
+            (),
+            "Tanh",
+        ),
         (_guarded(modules["fusion_quickgelu"].FusionQuickGelu), (), "Sigmoid"),
     ]
     if skip_norms:

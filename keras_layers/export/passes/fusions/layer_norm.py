@@ -27,13 +27,10 @@ def _match_layer_norm(g, add):
             continue
         for x in scaled.input:
             factor = g.other_input(scaled, x)
-            gain = g.node(factor, "Mul")
-            if gain is None or not g.only_used_by(factor, 2):
+            found = _gain(g, factor)
+            if found is None or not g.only_used_by(factor, 2):
                 continue
-            recip_name = next((i for i in gain.input if g.node(i, "Reciprocal")), None)
-            if recip_name is None:
-                continue
-            gamma = g.const(g.other_input(gain, recip_name))
+            gamma, recip_name = found
             sqrt = g.node(g.producer[recip_name].input[0], "Sqrt")
             eps_add = sqrt and g.node(sqrt.input[0], "Add")
             if not eps_add:
@@ -58,6 +55,12 @@ def _match_layer_norm(g, add):
             beta = _match_shift(g, shift_name, factor, mean.output[0])
             if beta is None or gamma is None or epsilon is None or epsilon.size != 1:
                 continue
+            if gamma.size == 0:  # ones, dropped by onnxslim: see `_gain`
+                dims = g.shapes.get(x, (None,))[0]
+                width = dims[-1] if dims else None
+                if not isinstance(width, int):
+                    continue
+                gamma = np.ones(width, np.float32)
             width = gamma.size
             if beta.size == 1:
                 beta = np.full(width, beta.reshape(-1)[0], np.float32)
@@ -65,6 +68,27 @@ def _match_layer_norm(g, add):
                 continue
             return x, gamma, beta, float(epsilon.reshape(-1)[0]), add
     return None
+
+
+def _gain(g, factor):
+    """(gamma, the reciprocal's name) for `G = gamma * 1 / sqrt(...)`, gamma a
+    constant (None where it is not one), or None when `factor` is no such
+    product.
+
+    Over an axis of size 1 (keras.io's timeseries Transformer normalises
+    features of shape (T, 1)) x - mean(x) is 0, so gamma's gradient is 0 and
+    gamma stays 1; a product by one that keeps the reciprocal's
+    (B, T, 1) shape is what onnxslim drops, and `factor` is then the
+    reciprocal itself. Gamma comes back empty, to be made as wide as x's
+    last axis. (A product by ones as wide as x broadcasts, and is kept.)
+    """
+    if g.node(factor, "Reciprocal") is not None:
+        return np.ones(0, np.float32), factor
+    gain = g.node(factor, "Mul")
+    recip_name = gain and next((i for i in gain.input if g.node(i, "Reciprocal")), None)
+    if not recip_name:
+        return None
+    return g.const(g.other_input(gain, recip_name)), recip_name
 
 
 def _match_shift(g, name, factor, mean):

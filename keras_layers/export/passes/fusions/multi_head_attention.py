@@ -17,6 +17,7 @@ from keras_layers.export.passes.fusions.attention import (
     Attention,
     match_plain,
     probabilities_reader,
+    reaches_a_matmul,
 )
 from keras_layers.export.passes.fusions.grouped_attention import GROUPED_BACK, match_grouped
 from keras_layers.export.passes.fusions.pattern import Rule, attribute, run_rule
@@ -31,14 +32,15 @@ def _match(g, softmax):
     found = probabilities_reader(g, softmax)
     if isinstance(found, str):
         return found
-    pv, zeroing, sliced = found
+    pv, zeroing, sliced, swapped = found
     if not g.only_used_by(pv.output[0]):
         return "the attention output is read by more than one node"
     (out,) = g.consumers[pv.output[0]]
-    if out.op_type == "Transpose" and pattern.perm(out) == GROUPED_BACK and not sliced:
+    grouped = out.op_type == "Transpose" and pattern.perm(out) == GROUPED_BACK
+    if grouped and not sliced and swapped is None:
         found = match_grouped(g, softmax, pv, zeroing, out)
     else:
-        found = match_plain(g, softmax, pv, zeroing, out, sliced)
+        found = match_plain(g, softmax, pv, zeroing, out, sliced, swapped)
     if isinstance(found, str):
         return found
     if isinstance(found.mask, str):
@@ -339,6 +341,46 @@ RULE = Rule(
     match=_match,
     rewrite=_rewrite,
 )
+
+
+def _softmax_over_axes(g, exp):
+    """Why attention whose softmax normalises several axes is left alone, or
+    None where `exp` is no such softmax.
+
+    Keras' `Softmax` over a tuple of axes (`MultiHeadAttention(attention_axes=
+    (1, 2))` on 4-D input normalises both key axes at once) computes
+    `exp(x - logsumexp(x, axes))`, no `Softmax` node: `exp` is the last `Exp`,
+    its `ReduceSum` names the axes. `MultiHeadAttention` attends over one
+    sequence axis, so the rule would have to prove the flattened key axes
+    one sequence; it leaves such attention alone and says so, where the
+    probabilities reach a `MatMul` (`attention.reaches_a_matmul`).
+    """
+    sub = g.node(exp.input[0], "Sub")
+    lse = sub and g.node(sub.input[1], "Add")
+    log = lse and next((g.node(name, "Log") for name in lse.input if g.node(name, "Log")), None)
+    total = log and g.node(log.input[0], "ReduceSum")
+    if not total:
+        return None
+    axes = g.const(total.input[1]) if len(total.input) > 1 and total.input[1] else None
+    if axes is None:
+        axes = np.array(attribute(total, "axes", []))
+    if axes.size < 2 or not reaches_a_matmul(g, exp.output[0]):
+        return None
+    return (
+        f"a softmax over {axes.size} axes, exp(x - logsumexp(x)) as Keras writes it "
+        "(MultiHeadAttention with attention_axes of several axes): the fused op "
+        "attends over one"
+    )
+
+
+# Attention over several axes, found only to say why it is not fused.
+SEVERAL_AXES = Rule(
+    makes="MultiHeadAttention",
+    anchor="Exp",
+    form="exp(x - logsumexp(x, axes)), two axes or more",
+    match=_softmax_over_axes,
+    rewrite=None,
+)
 # The rule for a decoder with a cache: every attention found is declined.
 UNCACHED_ONLY = Rule(
     makes=RULE.makes, anchor=RULE.anchor, form=RULE.form, match=_match_uncached, rewrite=_rewrite
@@ -379,9 +421,13 @@ def run(proto, context: Context) -> PassResult:
 
     Returns:
         How many were replaced, under "MultiHeadAttention", and (softmax
-        output, reason) for each softmax left alone.
+        output, reason) for each softmax left alone, and for each softmax
+        over several axes that weighs values (`SEVERAL_AXES`).
     """
     if context.opset < 15:
         return PassResult(proto, {"MultiHeadAttention": 0}, (("", "opset below 15"),))
     rule = UNCACHED_ONLY if context.cached_decoder else RULE
-    return run_rule(rule, proto, context.shapes)
+    result = run_rule(rule, proto, context.shapes)
+    declined = list(result.declined)
+    pattern.apply(SEVERAL_AXES, proto, declined, context.shapes)
+    return PassResult(proto, result.fused, tuple(declined), result.changed)
