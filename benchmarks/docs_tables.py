@@ -34,7 +34,10 @@ from benchmarks.results_io import RESULTS  # noqa: E402
 
 PAGE = ROOT / "docs" / "performance.md"
 # Pages other than PAGE, by the results file their tables are read from.
-PAGES_BY_STEM = {"generate": ROOT / "docs" / "generation.md"}
+PAGES_BY_STEM = {
+    "generate": ROOT / "docs" / "generation.md",
+    "mutation": ROOT / "docs" / "conformance.md",
+}
 MARKED_TABLE = re.compile(
     r"^<!-- table: (?P<name>[\w.]+) -->\n(?P<body>.*?)^<!-- /table -->$", flags=re.S | re.M
 )
@@ -557,6 +560,100 @@ def rule_engines_speed_table(report: dict) -> str:
     return markdown_table(header, [False, True, True], rows)
 
 
+# --- mutation.json ------------------------------------------------------------------
+
+
+def _kill_rate(killed: int, applied: int) -> str:
+    return f"{killed / applied:.0%}" if applied else ""
+
+
+def _mutation_counts(report: dict) -> tuple[dict, dict]:
+    """Per model and per mutation: mutants applied, killed, and the survivors' other side."""
+    models, mutations = {}, {m["name"]: [0, 0, []] for m in report["mutations"]}
+    for row in report["models"]:
+        counts = models.setdefault(row["name"], [0, 0, []])
+        for name, result in row.get("mutants", {}).items():
+            if result["outcome"] == "not applicable":
+                continue
+            for entry, other in ((counts, name), (mutations[name], row["name"])):
+                entry[0] += 1
+                if result["outcome"] == "killed":
+                    entry[1] += 1
+                else:
+                    entry[2].append(f"`{other}`")
+    return models, mutations
+
+
+def mutation_models_table(report: dict) -> str:
+    """Kill rate per model: of the mutants that apply to its export, how many validation fails."""
+    models, _ = _mutation_counts(report)
+    rows = []
+    for row in report["models"]:
+        if row["status"] != "exported":
+            rows.append([f"`{row['name']}`", "", "", "", row["status"]])
+            continue
+        applied, killed, survivors = models[row["name"]]
+        rows.append(
+            [
+                f"`{row['name']}`",
+                str(applied),
+                str(killed),
+                _kill_rate(killed, applied),
+                ", ".join(survivors),
+            ]
+        )
+    header = ["model", "mutants", "killed", "kill rate", "survived"]
+    return markdown_table(header, [False, True, True, True, False], rows)
+
+
+def mutation_mutations_table(report: dict) -> str:
+    """Kill rate per mutation, over the models it applies to."""
+    _, mutations = _mutation_counts(report)
+    rows = [
+        [
+            f"`{name}`",
+            str(applied),
+            str(killed),
+            _kill_rate(killed, applied),
+            ", ".join(survivors),
+        ]
+        for name, (applied, killed, survivors) in mutations.items()
+    ]
+    header = ["mutation", "models it applies to", "killed", "kill rate", "survived in"]
+    return markdown_table(header, [False, True, True, True, False], rows)
+
+
+def conformance_table(report: dict) -> str:
+    """The conformance set: each public example model, whether its default
+    export passed, what fused, and the mutants validation failed."""
+    models, _ = _mutation_counts(report)
+    rows = []
+    for row in report["models"]:
+        if not row["name"].startswith("conformance/"):
+            continue
+        applied, killed, _ = models.get(row["name"], (0, 0, []))
+        fused = ", ".join(f"{op} {count}" for op, count in sorted((row.get("fused") or {}).items()))
+        passed = row["status"] == "exported" and row["baseline"]["problem"] is None
+        rows.append(
+            [
+                f"`{row['name'].split('/', 1)[1]}`",
+                row["description"].removeprefix("conformance: "),
+                "pass" if passed else row["status"],
+                fused or "none",
+                f"{killed} of {applied}",
+            ]
+        )
+    header = ["model", "source", "default export", "fused", "mutants failed"]
+    return markdown_table(header, [False, False, False, False, True], rows)
+
+
+MUTATION_TABLES: dict[str, Callable[[dict], str]] = {
+    "mutation.conformance": conformance_table,
+    "mutation.models": mutation_models_table,
+    "mutation.mutations": mutation_mutations_table,
+}
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "export_bench.files": export_bench_files_table,
     "export_bench.latency": export_bench_latency_table,
@@ -583,6 +680,9 @@ def page_of(name: str) -> Path:
 
 def pages() -> list:
     return [PAGE, *PAGES_BY_STEM.values()]
+
+
+TABLES.update(MUTATION_TABLES)
 
 
 def render_tables(results: Path = RESULTS) -> dict:

@@ -181,7 +181,7 @@ def _add_checks(p: argparse.ArgumentParser) -> None:
         "--atol",
         type=_tolerance,
         default=DEFAULT_ATOL,
-        help=f"absolute tolerance (default {DEFAULT_ATOL:g})",
+        help=f"absolute tolerance, times each output's RMS (default {DEFAULT_ATOL:g})",
     )
     p.add_argument(
         "--rtol",
