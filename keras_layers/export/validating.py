@@ -660,13 +660,21 @@ def _measured(label, name, got, expected, tolerances, valid, problem, nonfinite)
     )
 
 
-def _valid_positions(loaded: LoadedModel, feeds: dict):
-    for info in loaded.inputs:
-        if info.is_padding_mask:
-            return feeds[info.name].astype(bool)
-        if info.masks_zero:
-            return feeds[info.name] != 0
+def _real_tokens(info, feeds: dict):
+    """Which of an input's tokens are real: its padding mask, or its nonzero
+    ids where 0 is masked; `None` when the input says neither."""
+    if info.is_padding_mask:
+        return feeds[info.name].astype(bool)
+    if info.masks_zero:
+        return feeds[info.name] != 0
     return None
+
+
+def _valid_positions(loaded: LoadedModel, feeds: dict):
+    return next(
+        (real for info in loaded.inputs if (real := _real_tokens(info, feeds)) is not None),
+        None,
+    )
 
 
 @dataclass
@@ -756,8 +764,8 @@ def _true_lengths(loaded: LoadedModel, feeds: dict) -> dict | None:
     for info in loaded.inputs:
         if info.role == "positions":
             return None
-        if info.is_padding_mask or info.masks_zero:
-            valid = feeds[info.name].astype(bool) if info.is_padding_mask else feeds[info.name] != 0
+        valid = _real_tokens(info, feeds)
+        if valid is not None:
             lengths.setdefault(info.sequence, valid.reshape(valid.shape[0], -1).sum(axis=1))
     axes = {info.sequence for info in loaded.inputs}
     return lengths if axes <= set(lengths) else None
