@@ -2,6 +2,7 @@
 one copy of the weights: same variables (paths, dtypes, values), same outputs,
 and Keras' own fallback for archives it does not read."""
 
+import threading
 import zipfile
 
 import keras
@@ -127,3 +128,53 @@ def test_the_window_reads_only_its_byte_range(tmp_path):
         buffer = bytearray(8)
         assert window.readinto(buffer) == 2
         assert bytes(buffer[:2]) == bytes([28, 29])
+
+
+@keras.saving.register_keras_serializable(package="test_lean_loading")
+class _PausingScale(keras.layers.Layer):
+    """Holds the thread that builds it inside `build` while `hold` is set,
+    until `release` is set."""
+
+    hold, inside, release = threading.Event(), threading.Event(), threading.Event()
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones")
+        if _PausingScale.hold.is_set():
+            _PausingScale.inside.set()
+            _PausingScale.release.wait(60)
+
+    def call(self, inputs):
+        return inputs * self.scale
+
+
+def test_layers_built_in_another_thread_during_a_load_are_keras_own(tmp_path):
+    """The load defers variable creation in its own thread only: a layer
+    built and assigned to in another thread meanwhile gets its initial value
+    at once, and the loaded model still equals Keras' own load."""
+    keras.utils.set_random_seed(2)
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, _PausingScale()(keras.layers.Dense(3)(inputs)))
+    model.layers[-1].scale.assign([2.0, 3.0, 4.0])
+    path = tmp_path / "pausing.keras"
+    model.save(path)
+    loaded = {}
+    _PausingScale.hold.set()
+    loader = threading.Thread(target=lambda: loaded.update(model=lean_loading.load(path)))
+    loader.start()
+    try:
+        assert _PausingScale.inside.wait(60), "the load never reached the layer's build"
+        dense = keras.layers.Dense(5, kernel_initializer="ones", bias_initializer="zeros")
+        dense.build((None, 2))
+        # While the load is still held inside its build:
+        assert dense.kernel._value is not None
+        np.testing.assert_array_equal(np.asarray(dense.kernel.value), np.ones((2, 5)))
+        dense.bias.assign(np.full(5, 7.0, "float32"))
+        np.testing.assert_array_equal(np.asarray(dense.bias.value), np.full(5, 7.0))
+    finally:
+        _PausingScale.hold.clear()
+        _PausingScale.release.set()
+        loader.join()
+
+    np.testing.assert_array_equal(np.asarray(dense.bias.value), np.full(5, 7.0))
+    reference = keras.saving.load_model(path, compile=False)
+    models.assert_same_variables(loaded["model"], reference)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from keras_layers.export import generation, validating
+from keras_layers.export import compat, generation, validating
 from keras_layers.export.axes import PAST_AXIS
 from keras_layers.export.compat import patched
 from keras_layers.export.errors import UsageError, one_line
@@ -225,7 +225,7 @@ def _cache_writes_as_appends(start, stacked, pasts: dict):
     except ImportError:
         yield
         return
-    original = getattr(core, "slice_update", None)
+    original = compat.original(core, "slice_update", None)
     if original is None:
         yield
         return

@@ -6,9 +6,16 @@ swaps for the length of one call are swapped only through `patched`, which
 puts the original back whatever happens. `tests/test_compat.py` checks that each listed attribute
 still exists in the versions installed, so an upgrade that removes one fails
 loudly in the tests instead of silently changing an export.
+
+A swap is seen by the thread that made it and by no other: while a block runs,
+the attribute holds a dispatcher that calls the replacement in that thread and
+the original everywhere else, so a layer built, or an attention computed, in
+another thread meanwhile behaves as if the export were not running
+(`tests/test_compat.py::test_a_swap_is_invisible_to_other_threads`).
 """
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import import_module
@@ -154,31 +161,118 @@ def _same_owner(internal: Internal, owner) -> bool:
         return False
 
 
+class _Swap:
+    """One swapped attribute: the original, and each thread's replacements.
+
+    The attribute holds `dispatch` while any thread is inside a `patched`
+    block for it; `dispatch` calls the innermost replacement of the calling
+    thread, or the original when that thread has none.
+    """
+
+    def __init__(self, owner, name: str):
+        self.owner, self.name = owner, name
+        # A class's own entry only: an inherited method is restored by deleting.
+        if isinstance(owner, type):
+            self.original = owner.__dict__.get(name, _MISSING)
+        else:
+            self.original = getattr(owner, name, _MISSING)
+        if self.original is not _MISSING and not _plain_callable(self.original):
+            raise TypeError(f"{name} is not a plain function; patched swaps functions only")
+        self.blocks = 0  # open blocks, all threads together
+        self.local = threading.local()
+        swap = self
+
+        def dispatch(*args, **kwargs):
+            replacements = getattr(swap.local, "stack", None)
+            target = replacements[-1] if replacements else swap.fallback()
+            return target(*args, **kwargs)
+
+        dispatch.__name__ = dispatch.__qualname__ = name
+        self.dispatch = dispatch
+
+    def fallback(self) -> Callable:
+        """What a thread without a replacement calls: the original, or what
+        the class inherits."""
+        if self.original is not _MISSING:
+            return self.original
+        if isinstance(self.owner, type):
+            for base in self.owner.__mro__[1:]:
+                if self.name in base.__dict__:
+                    return base.__dict__[self.name]
+        raise AttributeError(f"{self.owner!r} has no attribute {self.name!r}")
+
+    def restore(self) -> None:
+        if self.original is _MISSING:
+            delattr(self.owner, self.name)
+        else:
+            setattr(self.owner, self.name, self.original)
+
+
+def _plain_callable(value) -> bool:
+    return callable(value) and not isinstance(value, staticmethod | classmethod)
+
+
+_swaps: dict[tuple[int, str], _Swap] = {}
+_swaps_lock = threading.Lock()
+
+
+def original(owner, name: str, default=_MISSING):
+    """`owner.name` as it is outside every `patched` block (a replacement
+    calls this to reach the function it wraps, even while another thread's
+    swap is in place).
+
+    Args:
+        owner: a module or class.
+        name: the attribute.
+        default: returned when there is no such attribute (else AttributeError).
+
+    Returns:
+        The attribute, or `default`.
+    """
+    with _swaps_lock:
+        swap = _swaps.get((id(owner), name))
+    if swap is None:
+        return getattr(owner, name) if default is _MISSING else getattr(owner, name, default)
+    try:
+        return swap.fallback()
+    except AttributeError:
+        if default is _MISSING:
+            raise
+        return default
+
+
 @contextmanager
 def patched(owner, name: str, value) -> Iterator[None]:
-    """Set `owner.name = value` for the block; put back what was there after it.
+    """Make `owner.name` call `value` in this thread for the block; other
+    threads keep calling the original. Put back what was there after it.
 
     Args:
         owner: a module or class of another library.
-        name: the attribute, which must be listed in `INTERNALS`.
-        value: what it is for the length of the block.
+        name: the attribute, a function, which must be listed in `INTERNALS`.
+        value: what this thread calls for the length of the block.
 
     Raises:
         LookupError: `owner.name` is not listed in `INTERNALS`.
 
-    An attribute that was missing before the block is deleted after it.
+    An attribute that was missing before the block is deleted after the last
+    block ends; another thread calling it meanwhile gets an AttributeError.
     """
     _listed(owner, name)
-    # A class's own entry only: an inherited method is restored by deleting.
-    if isinstance(owner, type):
-        original = owner.__dict__.get(name, _MISSING)
-    else:
-        original = getattr(owner, name, _MISSING)
-    setattr(owner, name, value)
+    key = (id(owner), name)
+    with _swaps_lock:
+        swap = _swaps.get(key)
+        if swap is None:
+            swap = _swaps[key] = _Swap(owner, name)
+            setattr(owner, name, swap.dispatch)
+        swap.blocks += 1
+    stack = swap.local.__dict__.setdefault("stack", [])
+    stack.append(value)
     try:
         yield
     finally:
-        if original is _MISSING:
-            delattr(owner, name)
-        else:
-            setattr(owner, name, original)
+        stack.pop()
+        with _swaps_lock:
+            swap.blocks -= 1
+            if swap.blocks == 0:
+                del _swaps[key]
+                swap.restore()

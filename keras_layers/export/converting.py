@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from keras_layers.export import compat
 from keras_layers.export.compat import patched
 from keras_layers.export.errors import ConversionError, UsageError, argument
 from keras_layers.export.graph import free_names, subgraphs
@@ -233,7 +234,7 @@ def _numpy_product_alias() -> Iterator[None]:
     NumPy 2 removed; it is `np.prod` under its old name. The alias is taken
     away again, so it never outlives the export call.
     """
-    if hasattr(np, "product"):
+    if compat.original(np, "product", None) is not None:
         yield
         return
     with patched(np, "product", np.prod):
@@ -252,7 +253,7 @@ def _grappler_without_placeholder_shapes() -> Iterator[None]:
     """
     from tensorflow.python.grappler import tf_optimizer
 
-    original = tf_optimizer.OptimizeGraph
+    original = compat.original(tf_optimizer, "OptimizeGraph")
 
     def optimize(config_proto, metagraph, *args, **kwargs):
         shapes = {}

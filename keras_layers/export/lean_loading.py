@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from keras_layers.export import compat
 from keras_layers.export.compat import patched
 
 WEIGHTS_ENTRY = "model.weights.h5"
@@ -119,9 +120,11 @@ def _keras_steps():
 
 @contextmanager
 def _deferred_variables(variable_class) -> Iterator[list]:
-    """Variables created meanwhile from an initializer get no value; the list
-    yielded collects them. (A variable created from a value, such as the step
-    counter of the optimizer a keras-hub task compiles, is created as usual.)"""
+    """Variables this thread creates meanwhile from an initializer get no
+    value; the list yielded collects them. (A variable created from a value,
+    such as the step counter of the optimizer a keras-hub task compiles, is
+    created as usual, and so is every variable another thread creates:
+    `compat.patched` swaps for this thread only.)"""
     deferred = []
 
     def defer(self, initializer):
@@ -134,12 +137,15 @@ def _deferred_variables(variable_class) -> Iterator[list]:
 
 
 @contextmanager
-def _assign_creates(variable_class) -> Iterator[None]:
-    """Meanwhile, assigning to a deferred variable creates it from the value."""
-    original = variable_class._direct_assign
+def _assign_creates(variable_class, deferred: list) -> Iterator[None]:
+    """Meanwhile, assigning in this thread to one of the `deferred` variables
+    that has no value yet creates it from the value; every other assignment
+    is Keras' own."""
+    original = compat.original(variable_class, "_direct_assign")
+    waiting = {id(variable) for variable in deferred}
 
     def direct_assign(self, value):
-        if self._value is None:
+        if id(self) in waiting and self._value is None:
             self._initialize(value)
             self._initializer = None
         else:
@@ -165,7 +171,7 @@ def _build_and_fill(saving_lib, variable_class, config: str, safe_mode: bool, wi
     store = saving_lib.H5IOStore(window, mode="r")
     failed, errors = set(), {}
     try:
-        with _assign_creates(variable_class):
+        with _assign_creates(variable_class, deferred):
             saving_lib._load_state(
                 model,
                 weights_store=store,

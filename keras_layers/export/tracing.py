@@ -19,6 +19,7 @@ inputs into initializers holding the variables' values.
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from keras_layers.export import compat
 from keras_layers.export.compat import patched
 from keras_layers.export.einsums import einsum_layout, explicit_ellipsis
 from keras_layers.export.errors import ConversionError, one_line
@@ -69,7 +70,7 @@ def _attention_as_batched_matmuls():
     except ImportError:
         yield
         return
-    original = getattr(nn, "_dot_product_attention_xla", None)
+    original = compat.original(nn, "_dot_product_attention_xla", None)
     masks = getattr(nn, "_apply_masks", None)
     large_negative = getattr(nn, "_get_large_negative", None)
     if original is None or masks is None or large_negative is None:
@@ -116,7 +117,7 @@ def _einsums_for_onnx():
     except ImportError:
         yield
         return
-    original = getattr(backend_numpy, "einsum", None)
+    original = compat.original(backend_numpy, "einsum", None)
     if original is None:
         yield
         return
