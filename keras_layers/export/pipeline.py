@@ -98,11 +98,18 @@ _STAGED_DATA = placement.data_name(_STAGED_GRAPH, "staged")
 
 def _save(proto, path: Path, external: bool) -> Path | None:
     """Save the proto; with `external`, its weights are already in the data
-    file beside it, written by `convert`. Returns the data file, if any."""
+    file beside it, written by `convert`. Returns the data file, if any: when
+    every weight was under `converting.EXTERNAL_MIN_BYTES`, none reached it,
+    and it is dropped (the graph holds them all)."""
     import onnx
+    from onnx import TensorProto
 
     onnx.save_model(proto, path)
-    return path.with_name(_STAGED_DATA) if external else None
+    data = path.with_name(_STAGED_DATA)
+    if external and any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer):
+        return data
+    data.unlink(missing_ok=True)
+    return None
 
 
 def _point_at_data(graph_path: Path, data_name: str) -> None:
@@ -242,7 +249,7 @@ def export_model(
         report, moves = _report(run, converted, staged, final, validation, int8, options)
         report["passed"] = passed
         placement.write_json(report, staged.report)
-        with _signals_deferred():
+        with placement.output_lock(output), _signals_deferred():  # the lock's wait takes Ctrl-C
             interrupts.check()
             placement.place([*moves, (staged.report, final.report)])
     if not passed:
@@ -404,10 +411,16 @@ def _report(run: Run, converted: _Converted, staged, final, validation, int8, op
             slimmed=converted.slimmed,
             validation=validation,
             stages=run.seconds,
-            external_data=converted.external,
+            external_data=staged.data is not None,
             extra=options.extra_report,
         )
         report["data_files"] = [str(to) for _, to in moves if to.name.endswith(".data")]
+        if converted.external and staged.data is None:
+            report["warnings"].append(
+                f"{argument('external_data', options.external_data)}: every weight is under "
+                f"{converting.EXTERNAL_MIN_BYTES} bytes, so all are stored in the graph "
+                "and no data file was written"
+            )
         report["report_path"] = str(final.report)
         if int8 is not None:
             report["int8"] = {"onnx_path": str(final.int8), **int8}
@@ -447,9 +460,15 @@ class _Staged:
         its data file's final name, which is named by its content."""
         moves = [(self.graph, final.onnx)]
         if self.data is not None:
-            digest = placement.file_digest(self.data)
-            data = final.onnx.with_name(placement.data_name(final.onnx.name, digest))
-            _point_at_data(self.graph, data.name)
+            try:
+                digest = placement.file_digest(self.data)
+                data = final.onnx.with_name(placement.data_name(final.onnx.name, digest))
+                _point_at_data(self.graph, data.name)
+            except OSError as error:
+                raise OutputError(
+                    f"{argument('output', final.onnx)}: cannot write the ONNX file "
+                    f"({error.strerror or error}); nothing at the output paths was changed"
+                ) from error
             moves.append((self.data, data))
         if int8:
             moves.append((self.int8, final.int8))

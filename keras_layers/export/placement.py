@@ -5,10 +5,43 @@ system, so a rename is atomic) and moved into place only after the whole export
 has passed: the float file, its data file, the int8 file and the report go
 together. A failed export leaves every file the user had as it was and keeps
 its own files under `.failed` names, with their own report.
+
+Two exports to one output. The placement (`place`: renames, then removal of
+the data files only the replaced graphs read) runs under `output_lock`, an
+advisory `flock` on `.NAME.onnx.lock` beside the output, taken and released by
+the pipeline around `place` alone. That is enough: until then each export
+works in its own staging folder and touches nothing shared, and every fact the
+placement acts on (which data files the replaced graphs read, which graphs
+still read them) is read after the lock is taken, so no decision rests on a
+file another export has since replaced. Holding it for the whole export would
+make a second export wait minutes for nothing; the placement takes
+milliseconds. The lock waits as long as the other holder places its files;
+Ctrl-C ends the wait. The kernel drops a `flock` when its holder dies
+(SIGKILL included), so a dead export never blocks the next one. The lock file
+is removed on release, while still locked; a waiter that locked the removed
+file sees that the name no longer leads to its file and starts over, so two
+holders never overlap. A holder killed before that leaves the hidden file,
+which the next export locks, reuses and removes. Without `fcntl` (not Linux or
+macOS, the supported systems) there is no lock: concurrent exports to one
+output are then not serialised.
+
+A staging folder is held with a shared `flock` while its export runs, so the
+removal of stale staging folders (idle an hour, `_remove_stale_staging`) never
+takes the folder of a live export, however long it runs.
+
+A data file is removed by a placement only when all of these hold: a graph it
+replaced read it (its `location` resolved against that graph's folder; an
+absolute location or one with `..` is never followed); it is ours, a regular
+file directly in that folder named `NAME.onnx.*.data` or `NAME.onnx.data`
+after a placed graph; and no graph reads it now, neither the placed graphs nor
+any other `*.onnx` file directly in that folder (a copy of the graph, another
+tool's output), whose bytes are searched for the data file's name without
+parsing them: a false match only keeps a file.
 """
 
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import stat
@@ -21,7 +54,13 @@ from pathlib import Path
 
 from keras_layers.export.errors import OutputError, argument
 
+try:
+    import fcntl
+except ImportError:  # not Linux or macOS: no locks (the module docstring)
+    fcntl = None
+
 STAGING_SUFFIX = ".tmp"
+LOCK_SUFFIX = ".lock"
 # A staging folder idle this long belongs to an export that was killed.
 STALE_SECONDS = 3600
 
@@ -71,8 +110,10 @@ def file_digest(path: Path) -> str:
 
 
 def _data_files_read_by(graph: Path) -> set[Path]:
-    """The external data files an existing ONNX graph reads (none if it is not
-    one, or cannot be parsed)."""
+    """The external data files an existing ONNX graph reads, as paths: each
+    `location` joined to the graph's folder, as ONNX Runtime resolves it (none
+    if the file is not a graph, or cannot be parsed). A location that is
+    absolute or climbs out with `..` is left out: no file there is ours."""
     import onnx
     from onnx import TensorProto
 
@@ -84,8 +125,11 @@ def _data_files_read_by(graph: Path) -> set[Path]:
     for tensor in proto.graph.initializer:
         if tensor.data_location == TensorProto.EXTERNAL:
             for entry in tensor.external_data:
-                if entry.key == "location":
-                    found.add(graph.with_name(Path(entry.value).name))
+                location = Path(entry.value)
+                if entry.key != "location" or location.is_absolute() or ".." in location.parts:
+                    continue
+                if location.parts:
+                    found.add(graph.parent / location)
     return found
 
 
@@ -146,6 +190,12 @@ def check_targets(targets: Targets, source: Path | None) -> None:
     """
     _check_writable_file(targets.onnx, "output")
     _check_writable_file(targets.report, "report_path")
+    lock = lock_path(targets.onnx)
+    if lock.is_symlink() or (lock.exists() and not lock.is_file()):
+        raise OutputError(
+            f"{argument('output', targets.onnx)}: {lock}, the file exports to it lock, "
+            "is not a regular file; remove it"
+        )
     failed = targets.failed()
     # (what to call it in a message, path): the arguments by their own names,
     # the files derived from the output by what they are.
@@ -230,20 +280,125 @@ def _remove_stale_staging(output: Path) -> None:
         except OSError:
             continue
         if stat.S_ISDIR(info.st_mode) and time.time() - info.st_mtime > STALE_SECONDS:
-            shutil.rmtree(entry, ignore_errors=True)
+            _remove_unless_held(entry)
+
+
+def _hold_folder(folder: Path) -> int | None:
+    """A descriptor holding a shared lock on a live export's staging folder
+    (None without `fcntl`)."""
+    if fcntl is None:
+        return None
+    descriptor = os.open(folder, os.O_RDONLY)
+    fcntl.flock(descriptor, fcntl.LOCK_SH)
+    return descriptor
+
+
+def _remove_unless_held(folder: Path) -> None:
+    """Remove a stale staging folder, unless the export that made it still runs."""
+    if fcntl is None:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    try:
+        descriptor = os.open(folder, os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        shutil.rmtree(folder, ignore_errors=True)
+    except OSError:  # held: its export is alive
+        pass
+    finally:
+        os.close(descriptor)
 
 
 @contextmanager
 def staging_folder(output: Path) -> Iterator[Path]:
-    """A private folder beside `output`, removed with whatever is left in it."""
+    """A private folder beside `output`, held while the export runs and
+    removed with whatever is left in it."""
     _remove_stale_staging(output)
-    folder = Path(
-        tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=STAGING_SUFFIX)
-    )
     try:
+        folder = Path(
+            tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=STAGING_SUFFIX)
+        )
+    except OSError as error:
+        raise OutputError(
+            f"{argument('output', output)}: cannot create a staging folder in "
+            f"{output.parent} ({error.strerror or error})"
+        ) from error
+    held = None
+    try:
+        held = _hold_folder(folder)
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        if held is not None:
+            os.close(held)
+
+
+def lock_path(output: Path) -> Path:
+    """The lock file of the exports to `output`: `.NAME.lock` beside it."""
+    return output.with_name(f".{output.name}{LOCK_SUFFIX}")
+
+
+def _still_named(path: Path, descriptor: int) -> bool:
+    """Whether `path` still names the file open as `descriptor`."""
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    held = os.fstat(descriptor)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _lock(path: Path) -> int:
+    """Open and lock `path` (created if missing), and return the descriptor.
+    Starts over when `path` no longer names the file it locked: the holder
+    before removed it while this one waited."""
+    flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    while True:
+        try:
+            descriptor = os.open(path, flags, 0o666)
+        except OSError as error:
+            raise OutputError(
+                f"cannot create the lock file {path} ({error.strerror or error}); "
+                "remove whatever is there, or make the folder writable"
+            ) from error
+        try:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                raise OutputError(f"the lock file {path}: is not a regular file; remove it")
+            fcntl.flock(descriptor, fcntl.LOCK_EX)  # Ctrl-C interrupts the wait
+            if _still_named(path, descriptor):
+                return descriptor
+        except BaseException:
+            os.close(descriptor)
+            raise
+        os.close(descriptor)
+
+
+@contextmanager
+def output_lock(output: Path) -> Iterator[None]:
+    """Hold the lock of the exports to `output` (the module docstring says
+    why and for how long): waits while another export holds it, and removes
+    the lock file on release, on every exit path.
+
+    Raises:
+        OutputError: the lock file cannot be created, or is not a regular file.
+    """
+    if fcntl is None:
+        yield
+        return
+    path = lock_path(output)
+    descriptor = _lock(path)
+    try:
+        yield
+    finally:
+        try:
+            # Removed while still locked: a waiter on this file starts over.
+            if _still_named(path, descriptor):
+                path.unlink()
+        except OSError:
+            pass  # left behind: the next export locks, reuses and removes it
+        os.close(descriptor)
 
 
 def _umask() -> int:
@@ -258,10 +413,144 @@ def write_json(data: dict, path: Path) -> None:
     Args:
         data: the report.
         path: the file to write.
+
+    Raises:
+        OutputError: the file cannot be written (a full disk).
     """
-    with open(path, "w") as file:
-        json.dump(data, file, indent=2, default=float)
-        file.write("\n")
+    try:
+        with open(path, "w") as file:
+            json.dump(data, file, indent=2, default=float)
+            file.write("\n")
+    except OSError as error:
+        raise OutputError(
+            f"cannot write the report {path} ({error.strerror or error}); "
+            "nothing at the output paths was changed"
+        ) from error
+
+
+def _is_graph(staged: Path) -> bool:
+    """The pipeline stages its graphs as `model.onnx` and `model.int8.onnx`."""
+    return staged.name.endswith(".onnx")
+
+
+def _check_destination(final: Path) -> None:
+    """A final path must be free or hold a file that may be replaced."""
+    try:
+        info = final.lstat()
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise OutputError(f"cannot place {final} ({error.strerror or error})") from error
+    if stat.S_ISDIR(info.st_mode):
+        raise OutputError(
+            f"cannot place {final}: a directory is in the way; remove or rename it "
+            "and export again (nothing at the output paths was changed)"
+        )
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
+        raise OutputError(
+            f"cannot place {final}: it is not a regular file (a device, FIFO or socket); "
+            "remove it and export again (nothing at the output paths was changed)"
+        )
+
+
+def _beside_destinations(
+    moves: list[tuple[Path, Path]], copies: list[Path]
+) -> list[tuple[Path, Path]]:
+    """The moves with every staged file on its destination's file system, so
+    that each rename is atomic: a file staged elsewhere (a report on another
+    disk) is first copied to a hidden name beside its destination, listed in
+    `copies`."""
+    result = []
+    for staged, final in moves:
+        try:
+            if os.stat(staged).st_dev != os.stat(final.parent).st_dev:
+                handle, copy = tempfile.mkstemp(
+                    dir=final.parent, prefix=f".{final.name}.", suffix=STAGING_SUFFIX
+                )
+                os.close(handle)
+                copies.append(Path(copy))
+                shutil.copyfile(staged, copy)
+                staged = Path(copy)
+        except OSError as error:
+            raise OutputError(
+                f"cannot write {final} ({error.strerror or error}); "
+                "nothing at the output paths was changed"
+            ) from error
+        result.append((staged, final))
+    return result
+
+
+def _mentioned_by_a_graph_beside(data: Path, graphs: list[Path]) -> bool:
+    """Whether an ONNX file directly in `data`'s folder, other than `graphs`
+    (parsed already), holds `data`'s name: its bytes are searched, not parsed."""
+    needle = data.name.encode()
+    skipped = {graph.name for graph in graphs if graph.parent == data.parent}
+    for entry in data.parent.iterdir():
+        if not entry.name.endswith(".onnx") or entry.name in skipped:
+            continue
+        try:
+            if not stat.S_ISREG(entry.lstat().st_mode):
+                continue
+            with (
+                open(entry, "rb") as file,
+                mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as view,
+            ):
+                if view.find(needle) >= 0:
+                    return True
+        except (OSError, ValueError):  # an empty file cannot be mapped, and holds nothing
+            continue
+    return False
+
+
+def _ours(data: Path, graphs: list[Path]) -> bool:
+    """A regular file directly beside one of our graphs, named after it."""
+    try:
+        regular = stat.S_ISREG(data.lstat().st_mode)
+    except OSError:
+        return False
+    return regular and any(
+        data.parent == graph.parent
+        and data.name.startswith(f"{graph.name}.")
+        and data.name.endswith(".data")
+        for graph in graphs
+    )
+
+
+def _remove_stale_data(old_data: set[Path], graphs: list[Path]) -> None:
+    """Remove the data files only the replaced graphs read (the module docstring)."""
+    if not old_data:
+        return
+    still_read = set().union(*(_data_files_read_by(g) for g in graphs))
+    for stale in sorted(old_data - still_read):
+        if _ours(stale, graphs) and not _mentioned_by_a_graph_beside(stale, graphs):
+            stale.unlink(missing_ok=True)
+
+
+def _rename_all(ordered: list[tuple[Path, Path]], graphs: list[Path], old_data: set[Path]):
+    """Rename each staged file onto its destination. If one fails, the data
+    files placed before it that no graph reads are taken back, and the
+    failure is an `OutputError` saying what the output paths hold."""
+    mode = 0o666 & ~_umask()
+    placed = []
+    for staged, final in ordered:
+        try:
+            os.chmod(staged, mode)
+            os.replace(staged, final)
+        except OSError as error:
+            replaced = [path for path in placed if path in graphs]
+            read = set().union(old_data, *(_data_files_read_by(g) for g in replaced))
+            for path in placed:
+                if path not in graphs and path.name.endswith(".data") and path not in read:
+                    path.unlink(missing_ok=True)
+            state = (
+                f"{', '.join(map(str, replaced))} already hold the new export"
+                if replaced
+                else "nothing at the output paths was changed"
+            )
+            raise OutputError(
+                f"cannot place {final} ({error.strerror or error}); {state}"
+            ) from error
+        placed.append(final)
 
 
 def place(moves: list[tuple[Path, Path]]) -> None:
@@ -271,19 +560,28 @@ def place(moves: list[tuple[Path, Path]]) -> None:
     never touches the data an older graph reads; the graph is renamed after it,
     so a reader finds either the old graph with its old data or the new graph
     with its new data. Data files that only the replaced graphs read are
-    removed last, and only those named like ours (`NAME.onnx.*.data`,
-    `NAME.onnx.data`). Every placed file gets the permissions a new file gets
-    under the user's umask.
+    removed last (the module docstring says which). Every placed file gets the
+    permissions a new file gets under the user's umask. The pipeline calls it
+    under `output_lock`: everything it reads at the output side is read here.
+
+    Args:
+        moves: (staged file, final path) pairs.
+
+    Raises:
+        OutputError: a destination is a directory or a special file, or a
+            staged file cannot be copied beside its destination (nothing is
+            changed), or a rename fails (the message says what was placed).
     """
-    mode = 0o666 & ~_umask()
+    for _, final in moves:
+        _check_destination(final)
+    graphs = [final for staged, final in moves if _is_graph(staged)]
     ordered = sorted(moves, key=lambda move: not move[0].name.endswith(".data"))
-    graphs = [final for staged, final in moves if not staged.name.endswith((".data", ".json"))]
-    old_data = set().union(*(_data_files_read_by(g) for g in graphs if g.exists()))
-    for staged, final in ordered:
-        os.chmod(staged, mode)
-        os.replace(staged, final)
-    still_read = set().union(*(_data_files_read_by(g) for g in graphs))
-    for stale in old_data - still_read:
-        owner = next((g for g in graphs if stale.name.startswith(f"{g.name}.")), None)
-        if owner is not None and stale.name.endswith(".data") and stale.is_file():
-            stale.unlink(missing_ok=True)
+    copies: list[Path] = []
+    try:
+        ordered = _beside_destinations(ordered, copies)
+        old_data = set().union(*(_data_files_read_by(g) for g in graphs if g.exists()))
+        _rename_all(ordered, graphs, old_data)
+        _remove_stale_data(old_data, graphs)
+    finally:
+        for copy in copies:
+            copy.unlink(missing_ok=True)
