@@ -235,6 +235,65 @@ def _loaded(model):
     return loading.load(model)
 
 
+@pytest.mark.parametrize(
+    "positions, step_prompt, greedy, steps",
+    [
+        (None, (4, 9), ((7,), (5, 9, 2, 12)), 32),
+        (64, (4, 9), ((7,), (5, 9, 2, 12)), 32),
+        (24, (4, 9), ((7,), (5, 9, 2, 12)), 12),
+        (13, (4, 6), ((6,), (5, 6, 2, 6)), 7),
+        (12, (4, 6), ((6,), (5, 6, 2, 6)), 6),
+        (2, (4, 1), ((1,), (1, 1, 1, 1)), 1),
+    ],
+)
+def test_the_checks_fit_a_model_of_few_positions(positions, step_prompt, greedy, steps):
+    """Prompts cut to half the positions, steps to what the longest prompt
+    leaves: neither the step check nor a greedy batch feeds more positions
+    than the model holds (docs/generation.md, "What the export checks")."""
+    lengths = causal_lm.check_lengths(positions)
+    assert (lengths.step_prompt, lengths.greedy, lengths.steps) == (step_prompt, greedy, steps)
+    if positions is not None:
+        assert lengths.step_prompt[1] + lengths.steps <= positions
+        assert max(map(max, lengths.greedy)) + lengths.steps - 1 <= positions
+
+
+def test_a_model_of_one_position_is_refused_for_the_checks():
+    with pytest.raises(UsageError, match="holds 1 positions, too few for the generation checks"):
+        causal_lm.check_lengths(1)
+
+
+def test_a_decoder_of_12_positions_exports_with_shorter_checks(tmp_path):
+    """Refused before the checks were fit to the positions (12 left no room
+    after the 12-token prompt); now checked as docs/generation.md says, and it
+    generates up to its last position."""
+    import keras_hub
+
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=50,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=12,
+    )
+    model = zoo_models.redraw(keras_hub.models.GPT2CausalLM(backbone, preprocessor=None))
+    path = tmp_path / "short.onnx"
+
+    report = export_model(model, path, task="causal-lm")
+
+    assert report["passed"]
+    assert [check["shape"] for check in report["checks"]] == [
+        "prompt 4x6",
+        "decode steps 1-6 (4x7 to 4x12)",
+        "greedy 1x(6)+6",
+        "greedy 4x(5,6,2,6)+6",
+    ]
+    assert generate(path, [[1, 2, 3]], 10).shape == (1, 13)  # feeds 12 positions
+    with pytest.raises(ValueError, match="runs at most 12 positions"):
+        generate(path, [[1, 2, 3]], 11)
+
+
 def test_a_failed_check_exits_1_and_places_nothing(tmp_path):
     """Tolerances of zero cannot hold for float logits: the export fails,
     the output path stays empty and the files are kept under .failed names."""

@@ -260,16 +260,48 @@ class Reference:
     greedy: list  # (prompt ids, padding mask, Keras' greedy tokens) per batch
 
 
-def _check_lengths(decoder: Decoder) -> int:
-    """Decode steps and new tokens that fit the model's position table."""
-    longest = max(STEP_PROMPT[1], *(max(lengths) for lengths in GREEDY_PROMPTS))
-    room = (decoder.max_length or longest + DECODE_STEPS) - longest
-    if room < 1:
+@dataclass(frozen=True)
+class Lengths:
+    """The prompts and decode steps of the checks, fit to the model's positions."""
+
+    step_prompt: tuple  # batch, prompt length of the step-by-step check
+    greedy: tuple  # prompt lengths of each greedy batch
+    steps: int  # decode steps, and new tokens of each greedy batch
+
+
+def check_lengths(max_length: int | None) -> Lengths:
+    """The checks' prompts and steps for a model of `max_length` positions.
+
+    Prompts are cut to at most half the positions (`STEP_PROMPT` and
+    `GREEDY_PROMPTS` as they are from 24 positions on), the decode steps to
+    `DECODE_STEPS` and to what the longest prompt leaves. So the step check
+    feeds at most `max_length` tokens, and each greedy batch less.
+
+    Args:
+        max_length: the longest sequence the model's position tables allow,
+            or None when nothing bounds it.
+
+    Returns:
+        The lengths the checks use.
+
+    Raises:
+        UsageError: fewer than 2 positions (a prompt and a decode step).
+    """
+    if max_length is not None and max_length < 2:
         raise UsageError(
-            f"the model takes at most {decoder.max_length} tokens, too few for the generation "
-            f"checks' {longest}-token prompts"
+            f"the model holds {max_length} positions, too few for the generation checks: a "
+            "prompt token and a decode step need 2; export it without --task causal-lm"
         )
-    return min(DECODE_STEPS, room)
+    cap = max_length // 2 if max_length is not None else None
+
+    def cut(length: int) -> int:
+        return length if cap is None else min(length, cap)
+
+    batch, length = STEP_PROMPT
+    greedy = tuple(tuple(cut(n) for n in lengths) for lengths in GREEDY_PROMPTS)
+    longest = max(cut(length), *(max(lengths) for lengths in greedy))
+    steps = DECODE_STEPS if max_length is None else min(DECODE_STEPS, max_length - longest)
+    return Lengths((batch, cut(length)), greedy, steps)
 
 
 def _forward_logits(loaded: LoadedModel, decoder: Decoder, ids: np.ndarray) -> np.ndarray:
@@ -313,7 +345,8 @@ def _prompt(rng, decoder: Decoder, lengths) -> tuple[np.ndarray, np.ndarray]:
 
 def references(loaded: LoadedModel, decoder: Decoder, on_step=None) -> Reference:
     """Run Keras: its cached call over a prompt and `DECODE_STEPS` greedy
-    steps, and its greedy tokens recomputing the full sequence.
+    steps, and its greedy tokens recomputing the full sequence (prompts and
+    steps cut to fit a model of few positions, `check_lengths`).
 
     Args:
         loaded: the loaded model (its own call's inputs and outputs).
@@ -324,14 +357,15 @@ def references(loaded: LoadedModel, decoder: Decoder, on_step=None) -> Reference
         What `validate` compares the file with.
 
     Raises:
-        UsageError: the model holds too few positions for the checks' prompts.
+        UsageError: the model holds fewer than 2 positions.
     """
     from keras import ops
 
-    steps = _check_lengths(decoder)
+    lengths = check_lengths(decoder.max_length)
+    steps = lengths.steps
     rng = np.random.default_rng(validating.SEED)
     model = loaded.model
-    batch, length = STEP_PROMPT
+    batch, length = lengths.step_prompt
     prompt, _ = _prompt(rng, decoder, [length] * batch)
     cache = ops.zeros(
         (batch, decoder.layers, 2, length + steps, decoder.heads, decoder.head_size),
@@ -345,11 +379,11 @@ def references(loaded: LoadedModel, decoder: Decoder, on_step=None) -> Reference
         step_tokens.append(token)
         step_logits.append(np.asarray(logits))
     greedy = []
-    for lengths in GREEDY_PROMPTS:
-        ids, mask = _prompt(rng, decoder, lengths)
+    for prompt_lengths in lengths.greedy:
+        ids, mask = _prompt(rng, decoder, prompt_lengths)
         greedy.append((ids, mask, _keras_greedy(loaded, decoder, ids, mask, steps)))
         if on_step:
-            on_step(len(greedy), len(GREEDY_PROMPTS) + 1)
+            on_step(len(greedy), len(lengths.greedy) + 1)
     return Reference(prompt, step_tokens, step_logits, greedy)
 
 

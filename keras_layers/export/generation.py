@@ -14,8 +14,17 @@ shortest row's length in one call, then one position per call, where a row
 still inside its prompt is fed its own next token instead of the sampled one.
 So every row attends only to its own tokens, and no attention mask is needed.
 
+`generate` checks every argument before the first call, against what the
+file says (the vocabulary, from the logits' shape; the `input_ids` type) or,
+where the file does not say, against what it does: the positions it runs
+are asked of it with single-token calls after zero caches
+(`CachedDecoder.longest_sequence`), and the memory the caches will take is
+compared with what `memory.available_bytes` reports. Each refusal is a
+`ValueError` (or an `ArgumentTypeError`, both a `TypeError` and a
+`ValueError`) naming the argument ("Argument checks" in `docs/generation.md`).
+
 Nothing here imports TensorFlow or Keras: a server that only generates needs
-`onnxruntime` and `numpy`.
+`onnxruntime` and `numpy` (and `onnx`, imported by the memory check).
 
 Example (the export side, which does need TensorFlow):
 
@@ -29,6 +38,9 @@ Example (the export side, which does need TensorFlow):
 True
 """
 
+import math
+import numbers
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +48,21 @@ import numpy as np
 
 SAMPLERS = ("greedy", "top_k", "top_p")
 _PAST = "past_key_values."
+_ONNX_TYPES = {
+    f"tensor({name})": np.dtype(name)
+    for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+} | {
+    "tensor(bool)": np.dtype(bool),
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(float16)": np.dtype(np.float16),
+    "tensor(double)": np.dtype(np.float64),
+}
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of `generate` of the wrong type. A `TypeError`, and a
+    `ValueError` too: `generate` raised `ValueError` for every bad argument
+    before types were told apart, and code that catches it keeps working."""
 
 
 @dataclass(frozen=True)
@@ -51,14 +78,32 @@ class CacheInput:
     def read(cls, value) -> "CacheInput":
         """From ONNX Runtime's description of the input (batch, heads,
         past_sequence, head size)."""
-        return cls(value.name, value.shape[1], value.shape[3], _numpy_dtype(value.type))
+        dtype = _numpy_dtype(value.type, value.name)
+        return cls(value.name, value.shape[1], value.shape[3], dtype)
 
-    def empty(self, batch: int) -> np.ndarray:
-        return np.zeros((batch, self.heads, 0, self.head_size), self.dtype)
+    def empty(self, batch: int, length: int = 0) -> np.ndarray:
+        """Zeros for `batch` rows of `length` tokens (none: the first call's).
+
+        Args:
+            batch: rows.
+            length: past tokens.
+
+        Returns:
+            Zeros shaped (batch, heads, length, head size).
+        """
+        return np.zeros((batch, self.heads, length, self.head_size), self.dtype)
+
+    def bytes_per_token(self) -> int:
+        """What one token of one row takes in this cache."""
+        return self.heads * self.head_size * self.dtype.itemsize
 
 
 class CachedDecoder:
     """An ONNX Runtime session over an exported decoder, one call at a time.
+
+    Besides `step`, it answers what `generate` checks its arguments against:
+    the `vocabulary` (the logits' last dimension) and the longest sequence the
+    file runs (`longest_sequence`, asked of the file itself and remembered).
 
     Args:
         onnx_path: the file `--task causal-lm` wrote (its data file beside it).
@@ -69,8 +114,8 @@ class CachedDecoder:
     >>> decoder = CachedDecoder(tmp / "gpt2.onnx")
     >>> cache = decoder.empty_cache(batch=2)
     >>> logits, cache = decoder.step(np.array([[5, 6, 7], [8, 9, 10]]), cache)
-    >>> logits.shape[:2], decoder.cache_length(cache)
-    ((2, 3), 3)
+    >>> logits.shape[:2], decoder.cache_length(cache), decoder.vocabulary
+    ((2, 3), 3, 50)
     """
 
     def __init__(self, onnx_path, session_options=None):
@@ -86,21 +131,44 @@ class CachedDecoder:
             str(path), session_options, providers=["CPUExecutionProvider"]
         )
         inputs = {value.name: value for value in self.session.get_inputs()}
-        if "input_ids" not in inputs or not any(name.startswith(_PAST) for name in inputs):
-            raise ValueError(
-                f"onnx_path={str(path)!r}: not a decoder with a key/value cache (its inputs are "
-                f"{sorted(inputs)}); export the model with --task causal-lm"
-            )
-        self.ids_dtype = _numpy_dtype(inputs["input_ids"].type)
+        outputs = {value.name: value for value in self.session.get_outputs()}
         self.cache_inputs = [
             CacheInput.read(value) for name, value in inputs.items() if name.startswith(_PAST)
         ]
-        self.output_names = [value.name for value in self.session.get_outputs()]
         self.presents = [name.replace(_PAST, "present.") for name in self._cache_names]
+        if (
+            "input_ids" not in inputs
+            or not self.cache_inputs
+            or not {"logits", *self.presents} <= set(outputs)
+        ):
+            raise ValueError(
+                f"onnx_path={str(path)!r}: not a decoder with a key/value cache (its inputs are "
+                f"{sorted(inputs)}, its outputs {sorted(outputs)}); export the model with "
+                "--task causal-lm"
+            )
+        self.ids_dtype = _numpy_dtype(inputs["input_ids"].type, "input_ids")
+        self.logits_dtype = _numpy_dtype(outputs["logits"].type, "logits")
+        self.output_names = list(outputs)
+        last = outputs["logits"].shape[-1] if outputs["logits"].shape else None
+        self._vocabulary = last if isinstance(last, int) and last > 0 else None
+        self._runs = 0  # the longest sequence the file ran (`longest_sequence`)
+        self._fails: int | None = None  # the shortest it failed on
+        self._failure = ""  # ONNX Runtime's message for that one
 
     @property
     def _cache_names(self) -> list:
         return [cache.name for cache in self.cache_inputs]
+
+    @property
+    def vocabulary(self) -> int:
+        """The logits' last dimension: the file's own output shape, or, where
+        the file leaves it symbolic, the logits of one token (id 0)."""
+        if self._vocabulary is None and not self._probe(1):
+            raise ValueError(
+                f"the decoder's file fails on one token with an empty cache "
+                f"({self._failure}); export it again with --task causal-lm"
+            )
+        return self._vocabulary
 
     def empty_cache(self, batch: int) -> dict:
         """Caches holding no tokens, for the first call."""
@@ -127,57 +195,305 @@ class CachedDecoder:
         grown = {name: outputs[present] for name, present in pairs}
         return outputs["logits"], grown
 
+    def _probe(self, length: int) -> bool:
+        """Whether the file runs a sequence of `length` tokens: one call at
+        batch 1, token 0 after a zero cache of `length - 1` tokens, which must
+        return one row of logits and caches of `length` tokens. ONNX Runtime's
+        failure is the answer, not an error; the answers are remembered."""
+        import onnxruntime as ort
 
-def _numpy_dtype(onnx_type: str) -> np.dtype:
-    names = {"tensor(int32)": np.int32, "tensor(int64)": np.int64}
-    names |= {"tensor(float)": np.float32, "tensor(float16)": np.float16}
-    names |= {"tensor(double)": np.float64}
-    return np.dtype(names[onnx_type])
-
-
-def _check_prompt(token_ids, padding_mask, max_new_tokens) -> tuple[np.ndarray, np.ndarray]:
-    token_ids = np.asarray(token_ids)
-    if (
-        token_ids.ndim != 2
-        or token_ids.shape[1] == 0
-        or not np.issubdtype(token_ids.dtype, np.integer)
-    ):
-        raise ValueError(
-            f"token_ids={token_ids.dtype} {token_ids.shape}: not integer ids of shape (batch, "
-            "prompt length) with at least one token; wrap one prompt as [ids]"
+        if length <= self._runs:
+            return True
+        if self._fails is not None and length >= self._fails:
+            return False
+        feeds = {cache.name: cache.empty(1, length - 1) for cache in self.cache_inputs}
+        feeds["input_ids"] = np.zeros((1, 1), self.ids_dtype)
+        quiet = ort.RunOptions()
+        quiet.log_severity_level = 4  # the failure is expected: not logged
+        try:
+            results = self.session.run(None, feeds, quiet)
+        except Exception as error:  # noqa: BLE001 - ONNX Runtime's failure is the answer
+            self._fails, self._failure = length, " ".join(str(error).split())[:200]
+            return False
+        outputs = dict(zip(self.output_names, results, strict=True))
+        logits = outputs["logits"]
+        runs = (
+            logits.ndim == 3
+            and logits.shape[:2] == (1, 1)
+            and logits.shape[2] == (self._vocabulary or logits.shape[2])
+            and all(outputs[name].shape[2] == length for name in self.presents)
         )
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer):
-        raise ValueError(f"max_new_tokens={max_new_tokens!r}: must be an int; give a count")
+        if not runs:
+            self._fails = length
+            self._failure = f"it returns logits of shape {logits.shape} for one token"
+            return False
+        self._vocabulary = self._vocabulary or logits.shape[2]
+        self._runs = length
+        return True
+
+    def longest_sequence(self, wanted: int) -> int:
+        """`wanted`, or the longest sequence the file runs when it is shorter.
+
+        The file does not record its position limit (a position table's rows,
+        for keras-hub's `PositionEmbedding`), so the file is asked: single-token
+        calls at batch 1 after zero caches of 1, 2, 4, ... tokens, up to
+        `wanted`, then halving between the longest that ran and the shortest
+        that failed. Cheap next to generating, and remembered.
+
+        Args:
+            wanted: tokens the caller will feed the file.
+
+        Returns:
+            `wanted` when the file runs it; else the longest it runs (0 when it
+            fails even on one token; `failure` says why).
+        """
+        length = max(self._runs, 1)
+        if not self._probe(length):
+            return 0
+        while length < wanted:
+            longer = min(2 * length, wanted)
+            if not self._probe(longer):
+                while longer - length > 1:
+                    middle = (length + longer) // 2
+                    length, longer = (middle, longer) if self._probe(middle) else (length, middle)
+                return length
+            length = longer
+        return wanted
+
+    @property
+    def failure(self) -> str:
+        """ONNX Runtime's message for the shortest sequence the file failed on."""
+        return self._failure
+
+
+def _numpy_dtype(onnx_type: str, name: str) -> np.dtype:
+    if onnx_type not in _ONNX_TYPES:
+        raise ValueError(
+            f"the decoder's {name!r} is of type {onnx_type}, which generate does not feed or "
+            "read; export the model with --task causal-lm"
+        )
+    return _ONNX_TYPES[onnx_type]
+
+
+def _shown(value) -> str:
+    """`repr(value)` on one line, cut short."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+
+
+def _finite(value) -> bool:
+    try:
+        return math.isfinite(value)
+    except (OverflowError, TypeError, ValueError):
+        return False
+
+
+def _array(name: str, value) -> np.ndarray:
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError, OverflowError) as error:
+        raise ArgumentTypeError(
+            f"{name}={_shown(value)}: not an array ({' '.join(str(error).split())[:120]}); "
+            "give a rectangular array of shape (batch, prompt length)"
+        ) from error
+
+
+def _check_path(onnx_path) -> None:
+    if not isinstance(onnx_path, CachedDecoder | str | os.PathLike):
+        raise ArgumentTypeError(
+            f"onnx_path={_shown(onnx_path)}: give the path of a file --task causal-lm wrote, "
+            "or a CachedDecoder"
+        )
+
+
+def _check_ids(token_ids) -> np.ndarray:
+    """2-D integers, at least one row and one token; their range needs the model."""
+    ids = _array("token_ids", token_ids)
+    if ids.ndim != 2 or 0 in ids.shape:
+        raise ValueError(
+            f"token_ids of shape {ids.shape}: must be of shape (batch, prompt length) with at "
+            "least one row and one token a row; wrap one prompt as [ids]"
+        )
+    if ids.dtype.kind not in "iu":
+        raise ArgumentTypeError(
+            f"token_ids of dtype {ids.dtype}: not integer ids (bools, floats, strings and "
+            "objects are refused); give int32 or int64 token ids"
+        )
+    return ids
+
+
+def _check_mask(padding_mask, shape: tuple) -> np.ndarray:
+    """Booleans or 0/1 numbers, right padding, at least one token a row."""
+    if padding_mask is None:
+        return np.ones(shape, bool)
+    mask = _array("padding_mask", padding_mask)
+    if mask.dtype.kind not in "biuf":
+        raise ArgumentTypeError(
+            f"padding_mask of dtype {mask.dtype}: not booleans or 0/1 numbers; give True (or "
+            "1) on each prompt token and False (or 0) on padding"
+        )
+    if mask.shape != shape:
+        raise ValueError(
+            f"padding_mask of shape {mask.shape}: token_ids has shape {shape}; give one mask "
+            "value per token (True for a prompt token)"
+        )
+    if mask.dtype.kind != "b":
+        odd = np.argwhere(~np.isin(mask, (0, 1)))
+        if len(odd):
+            row, position = odd[0]
+            raise ValueError(
+                f"padding_mask[{row}, {position}]={mask[row, position].item()!r}: not 0 or 1; "
+                "give True (or 1) on each prompt token and False (or 0) on padding"
+            )
+        mask = mask == 1
+    lengths = mask.sum(axis=1)
+    for row in np.flatnonzero(lengths == 0)[:1]:
+        raise ValueError(
+            f"padding_mask[{row}] marks no token: every row needs at least one prompt token; "
+            "drop the row or give it a prompt"
+        )
+    holes = np.argwhere(mask != (np.arange(shape[1]) < lengths[:, None]))
+    if len(holes):
+        row, position = holes[0]
+        raise ValueError(
+            f"padding_mask[{row}] is not right padding: position {position} is padding before "
+            f"prompt token {np.flatnonzero(mask[row])[-1]}; mark each row's prompt at its "
+            "start (right padding, as keras-hub's preprocessors write it), padding after it"
+        )
+    return mask
+
+
+def _check_count(max_new_tokens) -> None:
+    if not _is_int(max_new_tokens):
+        raise ArgumentTypeError(
+            f"max_new_tokens={_shown(max_new_tokens)}: must be an int (not a bool or a "
+            "float); give a count of new tokens"
+        )
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens}: must be at least 1")
-    if padding_mask is None:
-        return token_ids, np.ones(token_ids.shape, bool)
-    mask = np.asarray(padding_mask).astype(bool)
-    if mask.shape != token_ids.shape:
-        raise ValueError(
-            f"padding_mask of shape {mask.shape}: token_ids has shape {token_ids.shape}; give "
-            "one mask value per token (True for a prompt token)"
-        )
-    lengths = mask.sum(axis=1)
-    right_padded = mask == (np.arange(mask.shape[1]) < lengths[:, None])
-    if not right_padded.all() or lengths.min() == 0:
-        raise ValueError(
-            "padding_mask: a row is not right padding or holds no token; mark each row's "
-            "prompt at its start (right padding, as keras-hub's preprocessors write it), at "
-            "least one token a row"
-        )
-    return token_ids, mask
 
 
-def _check_sampler(sampler, top_k, top_p, temperature) -> None:
+def _check_sampler(sampler, top_k, top_p, temperature) -> tuple[int, float, float]:
+    """The sampler's numbers as `next_tokens` takes them (int, float, float)."""
+    names = ", ".join(SAMPLERS)
+    if not isinstance(sampler, str):
+        raise ArgumentTypeError(f"sampler={_shown(sampler)}: not a name; use one of {names}")
     if sampler not in SAMPLERS:
-        raise ValueError(f"sampler={sampler!r}: unknown; use one of {', '.join(SAMPLERS)}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int | np.integer) or top_k < 1:
-        raise ValueError(f"top_k={top_k!r}: must be a positive int")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p={top_p!r}: must lie in (0, 1]")
-    if not temperature > 0:
-        raise ValueError(f"temperature={temperature!r}: must be positive")
+        raise ValueError(f"sampler={_shown(sampler)}: unknown; use one of {names}")
+    if not _is_int(top_k):
+        raise ArgumentTypeError(f"top_k={_shown(top_k)}: must be an int; give a count >= 1")
+    if top_k < 1:
+        raise ValueError(f"top_k={top_k}: must be a positive int (tokens kept)")
+    for name, value, wanted in (("top_p", top_p, "in (0, 1]"), ("temperature", temperature, "> 0")):
+        if not _is_real(value):
+            raise ArgumentTypeError(
+                f"{name}={_shown(value)}: must be a real number (not a bool or a string); give "
+                f"a float {wanted}"
+            )
+    if not (_finite(top_p) and 0 < top_p <= 1):
+        raise ValueError(f"top_p={_shown(top_p)}: must lie in (0, 1] (probability mass kept)")
+    if not (_finite(temperature) and temperature > 0):
+        raise ValueError(f"temperature={_shown(temperature)}: must be finite and positive")
+    return int(top_k), float(top_p), float(temperature)
+
+
+def _check_seed(seed) -> None:
+    if seed is None or isinstance(seed, np.random.Generator):
+        return
+    if not _is_int(seed):
+        raise ArgumentTypeError(
+            f"seed={_shown(seed)}: must be an int, a numpy.random.Generator or None"
+        )
+    if seed < 0:
+        raise ValueError(f"seed={seed}: must be non-negative")
+
+
+def _check_token_type(name: str, value, none_allowed: bool) -> None:
+    if (value is None and none_allowed) or _is_int(value):
+        return
+    allowed = "an int token id or None" if none_allowed else "an int token id"
+    raise ArgumentTypeError(f"{name}={_shown(value)}: must be {allowed}")
+
+
+def _check_ids_for(decoder: CachedDecoder, ids, mask, end_token_id, pad_token_id) -> None:
+    """Prompt tokens, `end_token_id` and `pad_token_id` within the vocabulary
+    and the model's `input_ids` type."""
+    vocabulary = decoder.vocabulary
+    limit = min(vocabulary, int(np.iinfo(decoder.ids_dtype).max) + 1)
+    holds = f"the vocabulary [0, {vocabulary})"
+    if limit < vocabulary:
+        holds = f"[0, {limit}), the ids the model's {decoder.ids_dtype} input_ids hold"
+    outside = np.argwhere(mask & ((ids < 0) | (ids >= limit)))
+    if len(outside):
+        row, position = outside[0]
+        raise ValueError(
+            f"token_ids[{row}, {position}]={ids[row, position].item()} is outside {holds}; give "
+            "the ids of the model's tokenizer"
+        )
+    for name, value in (("end_token_id", end_token_id), ("pad_token_id", pad_token_id)):
+        if value is not None and not 0 <= value < limit:
+            raise ValueError(f"{name}={value} is outside {holds}; give a token id within it")
+
+
+def _gigabytes(count: int) -> str:
+    return f"{count / 1e9:,.1f} GB" if count >= 1e8 else f"{count / 1e6:,.1f} MB"
+
+
+def _check_memory(decoder: CachedDecoder, shape: tuple, max_new_tokens: int) -> None:
+    """Refuse a batch and length whose caches and outputs surely do not fit:
+    every cache at the full length twice (a step's input and output), the
+    prompt's logits and the tokens (a lower bound: ONNX Runtime's own work
+    comes on top)."""
+    from keras_layers.export import memory  # its import pulls in onnx: not for a server
+
+    batch, prompt_length = shape
+    total = prompt_length + max_new_tokens
+    caches = 2 * batch * total * sum(cache.bytes_per_token() for cache in decoder.cache_inputs)
+    logits = batch * prompt_length * decoder.vocabulary * decoder.logits_dtype.itemsize
+    need = caches + logits + batch * total * decoder.ids_dtype.itemsize
+    available = memory.available_bytes()
+    if available is not None and need > available:
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} with token_ids of shape {shape}: generating "
+            f"needs at least {_gigabytes(need)} (the key/value caches of {total} tokens, held "
+            f"twice during a step, and the prompt's logits) and {_gigabytes(available)} are "
+            "available; ask for fewer new tokens or a smaller batch"
+        )
+
+
+def _check_positions(decoder: CachedDecoder, lengths: np.ndarray, max_new_tokens: int) -> None:
+    """The longest prompt and its new tokens within the positions the file runs
+    (`CachedDecoder.longest_sequence`). The last new token is never fed back,
+    so the file is fed `longest prompt + max_new_tokens - 1` tokens."""
+    longest = int(lengths.max())
+    fed = longest + max_new_tokens - 1
+    runs = decoder.longest_sequence(fed)
+    if runs == fed:
+        return
+    if runs == 0:
+        raise ValueError(
+            f"the decoder's file fails on one token with an empty cache ({decoder.failure}); "
+            "export it again with --task causal-lm"
+        )
+    limit = f"the model runs at most {runs} positions (ONNX Runtime fails past them)"
+    if longest > runs:
+        raise ValueError(
+            f"token_ids: the longest prompt holds {longest} tokens and {limit}; shorten the "
+            f"prompts to at most {runs} tokens"
+        )
+    raise ValueError(
+        f"max_new_tokens={max_new_tokens}: the longest prompt ({longest} tokens) and its new "
+        f"tokens (all but the last fed back) take {fed} positions and {limit}; ask for at "
+        f"most max_new_tokens={runs - longest + 1}"
+    )
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -192,6 +508,7 @@ def next_tokens(logits, sampler="greedy", rng=None, top_k=50, top_p=0.9, tempera
     Keras do). `top_k` samples from the `top_k` largest, `top_p` from the
     fewest tokens whose probabilities add up to `top_p` (nucleus sampling),
     both from `softmax(logits / temperature)` renormalised over what is kept.
+    The arguments are not checked here; `generate` checks its own.
 
     Args:
         logits: float array (batch, vocabulary).
@@ -239,32 +556,41 @@ def generate(
 ) -> np.ndarray:
     """Continue each prompt by `max_new_tokens` tokens with an exported decoder.
 
+    Every argument is checked before any token is generated
+    (`docs/generation.md`, "Argument checks").
+
     Args:
         onnx_path: a file `--task causal-lm` wrote, or a `CachedDecoder`
             (reused across calls).
-        token_ids: int array (batch, prompt length); rows shorter than the
-            longest are right-padded (any id) and marked by `padding_mask`.
-        max_new_tokens: how many tokens each row gains.
-        padding_mask: bool array like `token_ids`, True on prompt tokens
-            (keras-hub's `padding_mask`); default all True.
+        token_ids: integer array (batch >= 1, prompt length >= 1); rows shorter
+            than the longest are right-padded (any id) and marked by
+            `padding_mask`; prompt ids lie in [0, vocabulary).
+        max_new_tokens: how many tokens each row gains, at least 1; the longest
+            prompt and its new tokens must fit the model's positions.
+        padding_mask: booleans (or 0/1) like `token_ids`, True on prompt tokens
+            (keras-hub's `padding_mask`), each row's at its start; default all True.
         sampler: `"greedy"`, `"top_k"` or `"top_p"`.
-        seed: seeds the sampling (`numpy.random.default_rng(seed)`); the same
-            seed gives the same tokens.
-        end_token_id: a row stops after it generates this id.
-        top_k: tokens kept by `"top_k"`.
-        top_p: probability mass kept by `"top_p"`.
-        temperature: logits are divided by it before sampling.
-        pad_token_id: written after each row's end.
+        seed: seeds the sampling (`numpy.random.default_rng(seed)`; an int >= 0,
+            a `numpy.random.Generator` or None); the same seed gives the same tokens.
+        end_token_id: a row stops after it generates this id (None: never).
+        top_k: tokens kept by `"top_k"`, an int >= 1.
+        top_p: probability mass kept by `"top_p"`, in (0, 1].
+        temperature: logits are divided by it before sampling; finite, > 0.
+        pad_token_id: written after each row's end, in [0, vocabulary).
 
     Returns:
-        int array (batch, prompt length + max_new_tokens): row `i` holds its
-        prompt (its first `padding_mask[i].sum()` ids), then its new tokens
-        (up to and including `end_token_id`), then `pad_token_id`.
+        array (batch, prompt length + max_new_tokens) of the model's
+        `input_ids` type (int32 or int64): row `i` holds its prompt (its first
+        `padding_mask[i].sum()` ids), then its new tokens (up to and including
+        `end_token_id`), then `pad_token_id`.
 
     Raises:
         FileNotFoundError: no file at `onnx_path`.
+        TypeError: an argument of the wrong type (`ArgumentTypeError`, also a
+            `ValueError`); the message names it.
         ValueError: the file is no decoder with a cache, or an argument is out
-            of range; the message names it (`argument=value: why; what to do`).
+            of range, too long for the model's positions or too large for the
+            memory available; the message names it (`argument=value: why; what to do`).
 
     Example:
 
@@ -275,20 +601,40 @@ def generate(
     >>> int(tokens[1, -1])  # the shorter row ends with padding
     0
     """
-    token_ids, mask = _check_prompt(token_ids, padding_mask, max_new_tokens)
-    _check_sampler(sampler, top_k, top_p, temperature)
+    _check_path(onnx_path)
+    token_ids = _check_ids(token_ids)
+    mask = _check_mask(padding_mask, token_ids.shape)
+    _check_count(max_new_tokens)
+    top_k, top_p, temperature = _check_sampler(sampler, top_k, top_p, temperature)
+    _check_seed(seed)
+    _check_token_type("end_token_id", end_token_id, none_allowed=True)
+    _check_token_type("pad_token_id", pad_token_id, none_allowed=False)
     decoder = onnx_path if isinstance(onnx_path, CachedDecoder) else CachedDecoder(onnx_path)
+    _check_ids_for(decoder, token_ids, mask, end_token_id, pad_token_id)
+    _check_memory(decoder, token_ids.shape, int(max_new_tokens))
+    _check_positions(decoder, mask.sum(axis=1), int(max_new_tokens))
     rng = np.random.default_rng(seed)
+
+    def pick(logits):
+        return next_tokens(logits, sampler, rng, top_k, top_p, temperature)
+
+    return _run(decoder, token_ids, mask, int(max_new_tokens), pick, end_token_id, pad_token_id)
+
+
+def _run(decoder, token_ids, mask, max_new_tokens, pick, end_token_id, pad_token_id):
+    """The lockstep loop of `generate`, its arguments checked."""
     batch, prompt_length = token_ids.shape
     lengths = mask.sum(axis=1)
     ends = lengths + max_new_tokens  # each row's length when done
-    tokens = np.full((batch, prompt_length + max_new_tokens), pad_token_id, token_ids.dtype)
-    tokens[:, :prompt_length] = np.where(mask, token_ids, pad_token_id)
+    dtype = decoder.ids_dtype
+    tokens = np.full((batch, prompt_length + max_new_tokens), pad_token_id, dtype)
+    prompts = np.where(mask, token_ids, 0).astype(dtype)  # the ids checked to fit
+    tokens[:, :prompt_length] = np.where(mask, prompts, pad_token_id)
     done = np.zeros(batch, bool)
     start = int(lengths.min())
     logits, cache = decoder.step(tokens[:, :start], decoder.empty_cache(batch))
     for position in range(start, int(ends.max())):
-        sampled = next_tokens(logits[:, -1], sampler, rng, top_k, top_p, temperature)
+        sampled = pick(logits[:, -1])
         generating = (position >= lengths) & (position < ends) & ~done
         tokens[:, position] = np.where(generating, sampled, tokens[:, position])
         if end_token_id is not None:
