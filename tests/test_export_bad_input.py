@@ -9,6 +9,7 @@ import textwrap
 import zipfile
 from pathlib import Path
 
+import archives
 import keras
 import pytest
 from models import lambda_model, save, sequential_model
@@ -140,6 +141,52 @@ CASES = {
     "many small entries that inflate 1000 times": (
         lambda d, g: [rezip(g, d / "many.keras", {f"assets/{i}.txt": MIB for i in range(100)})],
         ["many.keras", "entries would inflate", "decompression bomb"],
+    ),
+    # Weights files whose datasets declare far more than they store (tests/archives.py):
+    # 64 MiB each, small enough that a missing check allocates nothing dangerous here.
+    # The gigabyte ones run in a child process under a memory limit
+    # (tests/test_hostile_archives.py).
+    "weights declared and never written (chunked, a fill value)": (
+        lambda d, g: [archives.dense_bomb(d / "fill.keras", 4096, 4096, "fill_only")],
+        ["fill.keras", "layers/dense/vars/0 declares 64 MiB", "stores 0 bytes", "size bomb"],
+    ),
+    "weights declared and never written (contiguous)": (
+        lambda d, g: [archives.dense_bomb(d / "unwritten.keras", 4096, 4096, "unallocated")],
+        ["unwritten.keras", "stores 0 bytes (contiguous)", "size bomb"],
+    ),
+    "weights of zeros behind gzip": (
+        lambda d, g: [archives.dense_bomb(d / "gzip.keras", 4096, 4096, "gzip_zeros")],
+        ["gzip.keras", "declares 64 MiB", "gzip-compressed", "size bomb"],
+    ),
+    "weights declared 4 TiB long": (
+        lambda d, g: [archives.hostile(d / "huge.keras", archives.huge_shape_h5())],
+        ["huge.keras", "declares 4096.0 GiB", "stores 0 bytes", "size bomb"],
+    ),
+    "thousands of small weights that store nothing": (
+        lambda d, g: [archives.hostile(d / "many.keras", archives.many_small_h5(2000, 8192))],
+        ["many.keras", "2000 datasets declare 62 MiB and store 0 bytes", "size bomb"],
+    ),
+    "a size bomb in a compressed weights entry": (
+        lambda d, g: [archives.dense_bomb(d / "zipped.keras", 4096, 4096, "fill_only", True)],
+        ["zipped.keras", "declares 64 MiB", "size bomb"],
+    ),
+    "weights read from another file (external storage)": (
+        lambda d, g: [archives.hostile(d / "ext.keras", archives.external_storage_h5(8, 16))],
+        ["ext.keras", "layers/dense/vars/0 onto other files (an external dataset)"],
+    ),
+    "weights mapped onto another file (virtual dataset)": (
+        lambda d, g: [archives.hostile(d / "virtual.keras", archives.virtual_h5(8, 16))],
+        ["virtual.keras", "(a virtual dataset)"],
+    ),
+    "weights linked to another file": (
+        lambda d, g: [archives.hostile(d / "link.keras", archives.external_link_h5())],
+        ["link.keras", "links layers/dense to another file (/etc/passwd)"],
+    ),
+    "a contiguous weight patched to declare more than the file holds": (
+        lambda d, g: [
+            archives.hostile(d / "patched.keras", archives.lying_contiguous_h5(8, 16, 2**20))
+        ],
+        ["patched.keras", "cannot read its weights file", "invalid dataset size"],
     ),
     "string input": (
         lambda d, g: [make_string_input(d)],

@@ -8,12 +8,15 @@ cases per test (see tests/conftest.py).
 """
 
 import functools
+import io
 import json
 import os
 import tempfile
 import zipfile
 from pathlib import Path
 
+import archives
+import h5py
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -123,6 +126,34 @@ def drop_entry(data: bytes, folder: Path, name: str) -> bytes:
     return rewritten(data, folder, lambda contents: contents.pop(name, None))
 
 
+def lying_weights(data: bytes, folder: Path, layout: str, scale: int, deflate: bool) -> bytes:
+    """The archive with every dataset of its weights file made again as `layout`
+    (`archives.LAYOUTS`: written, never written, gzip over zeros, ...), its first
+    axis `scale` times longer: declared sizes up to 64 MB, stored ones down to
+    nothing; the weights entry deflated with `deflate`."""
+    contents = entries(data, folder)
+    buffer = io.BytesIO()
+    with h5py.File(io.BytesIO(contents["model.weights.h5"]), "r") as source:
+        with h5py.File(buffer, "w") as target:
+
+            def copy(name, item):
+                if isinstance(item, h5py.Group):
+                    target.require_group(name)
+                    return
+                shape = (item.shape[0] * scale, *item.shape[1:]) if item.shape else ()
+                group, _, leaf = name.rpartition("/")
+                archives.make_dataset(target.require_group(group or "/"), leaf, shape, layout)
+
+            source.visititems(copy)
+    contents["model.weights.h5"] = buffer.getvalue()
+    path = folder / "lying.keras"
+    method = zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, content in contents.items():
+            archive.writestr(name, content, compress_type=method)
+    return path.read_bytes()
+
+
 ENTRIES = ["config.json", "metadata.json", "model.weights.h5"]
 
 # Each case is a `functools.partial`, so a failing one prints its arguments.
@@ -148,6 +179,15 @@ mutations = st.one_of(
         extra=st.binary(max_size=64),
     ),
     st.builds(functools.partial, st.just(drop_entry), name=st.sampled_from(ENTRIES)),
+    # In process, so at most 64 MB declared (the embedding's 300 rows, 1700 times):
+    # gigabytes run in a child under a memory limit (tests/test_hostile_archives.py).
+    st.builds(
+        functools.partial,
+        st.just(lying_weights),
+        layout=st.sampled_from(archives.LAYOUTS),
+        scale=st.sampled_from([1, 2, 30]) | st.integers(1, 1700),
+        deflate=st.booleans(),
+    ),
 )
 
 

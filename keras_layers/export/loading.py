@@ -12,6 +12,7 @@ import tempfile
 import zipfile
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +61,26 @@ _CHUNK_BYTES = 1 << 20
 # What reading a damaged entry raises: a bad CRC or header, a truncated file, a bad
 # deflate stream, an unknown compression method, an encrypted entry (RuntimeError).
 _ZIP_ERRORS = (zipfile.BadZipFile, OSError, EOFError, zlib.error, NotImplementedError, RuntimeError)
+
+# model.weights.h5 declares each dataset's shape and dtype in its metadata, apart from
+# the bytes it stores, and Keras' loader allocates what a dataset declares (its own
+# check starts at 4 GiB). Keras writes every dataset contiguous, uncompressed and
+# written in full: it stores what it declares. A dataset can declare gigabytes and
+# store nothing (chunked, never written: a fill value only), or a thousandth of them
+# (gzip over zeros). The zip rule above applies inside the file: a dataset over 1 MiB
+# may declare at most 100 times the bytes it stores (real weights, even re-packed with
+# gzip, about 1:1), and all of them together at most 100 times their stored total plus
+# 16 MiB (thousands of small ones). What a dataset stores counts at most the file's
+# size (a crafted chunk index can claim more). Datasets whose bytes live in another
+# file (external storage, virtual datasets, external links) are refused outright.
+# 50,000 links bound the walk, to 20 s (0.4 ms each, measured on 2 cores): a
+# 1B-parameter keras-hub model has about 600, an 800-layer convolutional net about 5,000.
+_MAX_WEIGHT_LINKS = 50_000
+# Top-level groups that loading with compile=False never reads: the optimizer's
+# slots, which Keras saves for a compiled model (Adam: two per weight).
+_UNREAD_GROUPS = ("optimizer",)
+# What h5py raises on a file it cannot read.
+_H5_ERRORS = (OSError, KeyError, ValueError, RuntimeError, TypeError)
 
 # The first bytes of an HDF5 file, such as Keras 2's legacy `.h5` models.
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -270,6 +291,8 @@ def _check_archive(path: Path) -> None:
             # fails it falls back to h5py reading the entry through seeks, and from
             # Python 3.12 on zipfile stops checking an entry's CRC once it is seeked.
             broken = archive.testzip()
+            if broken is None:
+                _weights_held(path, archive)  # size bombs and links, before Keras reads
     except _ZIP_ERRORS as error:
         raise ModelLoadError(f"{path}: corrupt .keras archive ({error})") from error
     if broken is not None:
@@ -318,6 +341,201 @@ def _check_entries(path: Path, archive: zipfile.ZipFile) -> None:
             f"than the {_size(limit)} a model archive of its size can hold, like a "
             f"decompression bomb; {fix_it}"
         )
+
+
+@contextmanager
+def _weights_file(archive: zipfile.ZipFile, file) -> Iterator:
+    """(model.weights.h5 opened with h5py, its size), or (None, 0) where the
+    archive has none. A stored entry is read in place, through lean_loading's
+    window onto the archive's `file`; a compressed one is inflated to a temporary
+    file first (`_check_entries` bounds its size). Only metadata is read."""
+    import h5py
+
+    try:
+        info = archive.getinfo(lean_loading.WEIGHTS_ENTRY)
+    except KeyError:
+        yield None, 0
+        return
+    start = (
+        lean_loading._entry_start(file, info) if info.compress_type == zipfile.ZIP_STORED else None
+    )
+    if start is not None:
+        source = lean_loading._Window(file.fileno(), start, info.file_size)
+    else:
+        source = tempfile.TemporaryFile()
+        with archive.open(info) as entry:
+            shutil.copyfileobj(entry, source, _CHUNK_BYTES)
+    try:
+        with h5py.File(source, "r") as weights:
+            yield weights, info.file_size
+    finally:
+        source.close()
+
+
+def _weight_datasets(path: Path, weights) -> Iterator[tuple]:
+    """(path in the file, dataset) for each link to a dataset, found without
+    recursion; a group linked twice is entered once. Soft links are not
+    followed (Keras refuses them where it reads); a link to another file, or
+    more than `_MAX_WEIGHT_LINKS` links, is refused."""
+    import h5py
+
+    stack, entered, links = [("", weights)], {h5py.h5o.get_info(weights.id).addr}, 0
+    while stack:
+        prefix, group = stack.pop()
+        for name in group:
+            links += 1
+            if links > _MAX_WEIGHT_LINKS:
+                raise ModelLoadError(
+                    f"{path}: its weights file holds more than {_MAX_WEIGHT_LINKS} objects, "
+                    "far more than a model's; re-save the model with model.save('model.keras')"
+                )
+            where = f"{prefix}{name}"
+            link = group.get(name, getlink=True)
+            if isinstance(link, h5py.ExternalLink):
+                raise ModelLoadError(
+                    f"{path}: its weights file links {where} to another file "
+                    f"({link.filename}), which a saved model never does; re-save the model "
+                    "with model.save('model.keras')"
+                )
+            if isinstance(link, h5py.SoftLink):
+                continue
+            item = group[name]  # (`get` would hide one that cannot be opened)
+            if isinstance(item, h5py.Dataset):
+                yield where, item
+            elif isinstance(item, h5py.Group):
+                address = h5py.h5o.get_info(item.id).addr
+                if address not in entered:
+                    entered.add(address)
+                    stack.append((f"{where}/", item))
+
+
+def _dataset_bytes(path: Path, where: str, dataset, file_size: int) -> tuple[int, int, int]:
+    """(bytes declared, bytes stored, bytes once loaded) of one dataset, refused
+    where its bytes live in another file or it stores far less than it declares
+    (the rule: the comment above `_MAX_WEIGHT_LINKS`)."""
+    fix_it = "re-save the model with model.save('model.keras')"
+    if dataset.is_virtual or dataset.external:
+        raise ModelLoadError(
+            f"{path}: its weights file maps the dataset {where} onto other files "
+            f"({'a virtual' if dataset.is_virtual else 'an external'} dataset), which a saved "
+            f"model never does; {fix_it}"
+        )
+    shape = dataset.shape or ()
+    elements = 1
+    for size in shape:
+        elements *= int(size)
+    itemsize = dataset.id.get_type().get_size()
+    declared = elements * itemsize
+    stored = min(dataset.id.get_storage_size(), file_size)
+    if declared > _INFLATION_FLOOR_BYTES and declared > _MAX_INFLATION * stored:
+        how = (
+            f"{dataset.compression}-compressed"
+            if dataset.compression
+            else "chunked"
+            if dataset.chunks
+            else "contiguous"
+        )
+        raise ModelLoadError(
+            f"{path}: the weights file's dataset {where} declares {_size(declared)} (shape "
+            f"{tuple(shape)} of {itemsize}-byte items) and stores {_size(stored)} ({how}): "
+            f"more than {_MAX_INFLATION} times less, like a size bomb; {fix_it}"
+        )
+    # Loaded, a weight takes at least float32's 4 bytes (half precision is widened).
+    return declared, stored, elements * max(itemsize, 4)
+
+
+def _weights_held(path: Path, archive: zipfile.ZipFile) -> int:
+    """The bytes the model's variables take once loaded, as the weights file's
+    datasets declare them (the optimizer's left out: compile=False never reads
+    them), each dataset checked (`_dataset_bytes`), and all of them together
+    against what they store. A `.npz` weights entry counts its inflated size."""
+    import h5py
+
+    if lean_loading.WEIGHTS_ENTRY not in archive.namelist():
+        return sum(i.file_size for i in archive.infolist() if i.filename.endswith(".npz"))
+    held = declared_total = stored_total = 0
+    seen = set()
+    try:
+        with open(path, "rb") as file, _weights_file(archive, file) as (weights, file_size):
+            for where, dataset in _weight_datasets(path, weights):
+                declared, stored, loaded = _dataset_bytes(path, where, dataset, file_size)
+                if where.split("/")[0] not in _UNREAD_GROUPS:
+                    held += loaded
+                address = h5py.h5o.get_info(dataset.id).addr
+                if address not in seen:
+                    seen.add(address)
+                    declared_total += declared
+                    stored_total += stored
+    except _H5_ERRORS as error:
+        raise ModelLoadError(
+            f"{path}: cannot read its weights file {lean_loading.WEIGHTS_ENTRY} "
+            f"({type(error).__name__}: {_cut(str(error), 200)}); re-save the model with "
+            "model.save('model.keras')"
+        ) from error
+    limit = _MAX_INFLATION * min(stored_total, file_size) + _INFLATION_SLACK_BYTES
+    if declared_total > limit:
+        raise ModelLoadError(
+            f"{path}: the weights file's {len(seen)} datasets declare {_size(declared_total)} "
+            f"and store {_size(stored_total)}: more than {_MAX_INFLATION} times less, like "
+            "a size bomb; re-save the model with model.save('model.keras')"
+        )
+    return held
+
+
+def _config_variable_bytes(config: dict) -> int | None:
+    """The bytes of the variables a model config declares, from the model built
+    with its variables deferred: no initializer runs, nothing sizeable is
+    allocated (`lean_loading`). None where it cannot be built so: a custom layer
+    whose module is not imported yet, a Lambda layer, a layer whose construction
+    computes with its weights, another Keras or backend."""
+    import keras
+
+    steps = lean_loading._keras_steps()
+    if steps is None or keras.backend.backend() != "tensorflow":
+        return None
+    saving_lib, variable_class = steps
+    keras_layers.ScaledEmbedding  # noqa: B018 - naming one registers the layers with Keras
+    try:
+        with lean_loading._deferred_variables(variable_class) as deferred:
+            saving_lib._model_from_config(json.dumps(config), None, False, True)
+    except Exception:  # noqa: BLE001 - the loader will build it, or say why not
+        return None
+    total = 0
+    for variable in deferred:
+        try:
+            itemsize = max(4, np.dtype(variable.dtype).itemsize)
+        except TypeError:
+            itemsize = 4
+        total += itemsize * int(np.prod(variable.shape, dtype=np.int64))
+    return total
+
+
+def declared_weight_bytes(path: Path) -> int | None:
+    """The bytes a `.keras` archive's model will hold once loaded, from what the
+    archive declares, read before anything is loaded: the larger of the sizes
+    its weights file's datasets declare and those of the variables its config
+    declares. Never the bytes the zip stores: a weights file can declare far
+    more than it stores, and a config more than the weights file holds.
+
+    Args:
+        path: the `.keras` archive.
+
+    Returns:
+        The bytes, or None where the file is no readable zip (loading says why).
+
+    Raises:
+        ModelLoadError: a decompression bomb (`_check_entries`), a size bomb or
+            a link to another file in the weights file (`_weights_held`), an
+            unreadable weights file, or a config `_read_config` refuses.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            _check_entries(path, archive)
+            held = _weights_held(path, archive)
+            config = _read_config(path, archive)
+    except _ZIP_ERRORS:
+        return None
+    return max(held, _config_variable_bytes(config) or 0)
 
 
 def _nesting_depth(text: bytes) -> int:

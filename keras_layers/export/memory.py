@@ -13,20 +13,63 @@ highest it measured:
 
 The estimate takes those ratios on top of what TensorFlow and the libraries take
 by themselves, so it refuses only exports that would surely be killed.
+
+The weights are what the archive declares (`loading.declared_weight_bytes`: the
+shapes of model.weights.h5's datasets and of the config's variables, never the
+bytes the zip stores), and what is available is the least of three limits
+(`limits`): MemAvailable, the cgroup's memory limit, and the address-space
+limit (`ulimit -v`). Under the last, what counts is the process's virtual size,
+which grows faster than its RSS: TensorFlow's threads and allocators reserve
+address space they never touch. Measured on 2 cores with /proc/self/status
+(VmSize at the check, after TensorFlow's import: 1.44 GB, RSS 0.58 GB; VmPeak
+at the end): an export of a tiny model grows it by 0.75-0.83 GB; with the
+thread pools of 16 cores (TF_NUM_INTRAOP_THREADS = TF_NUM_INTEROP_THREADS = 16)
+by 1.37 GB, 39 MB a core more (at 64, 2.15 GB: 21 MB a core), hence 48 MB a
+core. Over the tiny model's, a 204 MB model's export grows it by 10.3 times its
+weights in the proto (2.86 GB in all) and 5.1 times with a data file (1.79 GB),
+a 484 MB model's by 3.1 times with a data file (2.25 GB): the ratios below are
+above each (the data file's overestimates big models, whose ratio falls toward
+the 2.5 of the RSS). A tiny model's export needs a limit of 2.4 GB
+(`ulimit -v 2000000` fails to import onnxruntime).
 """
 
 import os
+import resource
 import stat
+import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from keras_layers.export.converting import LARGE_MODEL_BYTES
 from keras_layers.export.errors import UsageError, fix
-from keras_layers.export.loading import param_bytes
+from keras_layers.export.loading import declared_weight_bytes, param_bytes
 
 PEAK_PER_PARAM_BYTE = 11.0  # weights held in the proto
 PEAK_PER_PARAM_BYTE_EXTERNAL = 2.5  # weights streamed to a data file
 BASELINE_BYTES = 1_200_000_000  # TensorFlow, Keras, onnxruntime loaded, no model
+
+# The growth of the virtual size from the check to the export's end: a tiny
+# model's, each core's threads, and per byte of weights (measured: module docstring).
+ADDRESS_PER_PARAM_BYTE = 11.0
+ADDRESS_PER_PARAM_BYTE_EXTERNAL = 5.0
+ADDRESS_BASELINE_BYTES = 750_000_000
+ADDRESS_PER_CORE_BYTES = 48_000_000
+# Importing TensorFlow, Keras, tf2onnx and onnxruntime, when the check runs first
+# (the command imports them before it): VmSize 14 MB -> 1.53 GB.
+ADDRESS_IMPORT_BYTES = 1_550_000_000
+
+_UNLIMITED_CGROUP = 1 << 62  # cgroup v1 writes "no limit" as about 2**63
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What one limit leaves the process: `available` bytes, of resident memory
+    or (`address_space`) of virtual size; `name` says which limit for the user."""
+
+    name: str
+    available: int
+    address_space: bool = False
 
 
 def uses_external_data(external_data: str, weight_bytes: int) -> bool:
@@ -44,7 +87,7 @@ def uses_external_data(external_data: str, weight_bytes: int) -> bool:
     )
 
 
-def available_bytes() -> int | None:
+def _meminfo_available() -> int | None:
     """`MemAvailable` from /proc/meminfo (Linux); None where it cannot be read."""
     try:
         with open("/proc/meminfo") as meminfo:
@@ -56,10 +99,174 @@ def available_bytes() -> int | None:
     return None
 
 
-def archive_weight_bytes(path: Path) -> int:
-    """The weights' size in a `.keras` archive, read from the zip's directory."""
-    with zipfile.ZipFile(path) as archive:
-        return sum(item.file_size for item in archive.infolist() if item.filename.endswith(".h5"))
+def _read_number(path: Path) -> int | None:
+    """The integer a cgroup file holds; None for "max", or where unreadable."""
+    try:
+        text = path.read_text().strip()
+        return None if text == "max" else int(text)
+    except (OSError, ValueError):
+        return None
+
+
+def _stat_value(path: Path, key: str) -> int:
+    """One counter of a cgroup's memory.stat (0 where absent)."""
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _cgroup_folders(root: Path) -> list:
+    """The memory cgroup folders of this process, its own and its ancestors' up
+    to the mount, each with the names of its files (limit, usage, reclaimable
+    page cache), in cgroup v1's memory controller and v2's unified hierarchy
+    (a hybrid system mounts both). Found from /proc/self/cgroup and
+    /proc/self/mountinfo."""
+    try:
+        groups = (root / "proc/self/cgroup").read_text().splitlines()
+        mounts = [line.split() for line in (root / "proc/self/mountinfo").read_text().splitlines()]
+    except OSError:
+        return []
+    found = []
+    for line in groups:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        v2 = controllers == ""
+        if not (v2 or "memory" in controllers.split(",")):
+            continue
+        for fields in mounts:
+            if "-" not in fields[:-2] or len(fields) < 5:
+                continue
+            fstype, *_, options = fields[fields.index("-") + 1 :]
+            if fstype != ("cgroup2" if v2 else "cgroup") or not (
+                v2 or "memory" in options.split(",")
+            ):
+                continue
+            mount_root, point = fields[3], root / fields[4].lstrip("/")
+            inside = os.path.relpath(path, mount_root) if path.startswith(mount_root) else "."
+            folder = point / inside if (point / inside).is_dir() else point
+            files = (
+                ("memory.max", "memory.current", "inactive_file")
+                if v2
+                else ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+            )
+            chain = [folder, *[p for p in folder.parents if p.is_relative_to(point)]]
+            found += [(f, files) for f in chain]
+            break
+    return found
+
+
+def cgroup_limit(root: Path = Path("/")) -> Limit | None:
+    """What the memory cgroup leaves: the least, over the process's cgroup and
+    its ancestors, of the limit less the usage (less the page cache it can
+    reclaim, `inactive_file`); None where no limit is set or none can be read.
+
+    Args:
+        root: where /proc and /sys are (tests give a fake tree).
+
+    Returns:
+        The `Limit`, naming the file that sets it.
+    """
+    best = None
+    for folder, (limit_name, usage_name, cache_name) in _cgroup_folders(root):
+        limit = _read_number(folder / limit_name)
+        usage = _read_number(folder / usage_name)
+        if limit is None or usage is None or limit >= _UNLIMITED_CGROUP:
+            continue
+        used = max(0, usage - _stat_value(folder / "memory.stat", cache_name))
+        left = max(0, limit - used)
+        if best is None or left < best.available:
+            name = (
+                f"the cgroup's memory limit ({folder / limit_name}: "
+                f"{limit / 1e9:.1f} GB, {used / 1e9:.1f} GB in use)"
+            )
+            best = Limit(name, left)
+    return best
+
+
+def _virtual_size() -> int | None:
+    """The process's virtual size (VmSize in /proc/self/status), in bytes."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def address_space_limit() -> Limit | None:
+    """What `RLIMIT_AS` (`ulimit -v`) leaves: the soft limit less the process's
+    virtual size; None without a limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    size = _virtual_size()
+    if soft == resource.RLIM_INFINITY or size is None:
+        return None
+    name = (
+        f"the address-space limit (ulimit -v: {soft / 1e9:.1f} GB, "
+        f"{size / 1e9:.1f} GB of it mapped)"
+    )
+    return Limit(name, max(0, soft - size), address_space=True)
+
+
+def available_bytes() -> int | None:
+    """The resident memory the export may take: the least of `MemAvailable` and
+    what the cgroup's limit leaves; None where neither can be read."""
+    figures = [_meminfo_available()]
+    cgroup = cgroup_limit()
+    figures.append(cgroup.available if cgroup else None)
+    known = [figure for figure in figures if figure is not None]
+    return min(known) if known else None
+
+
+def limits() -> list:
+    """Every limit that applies to the export, as `Limit`s: resident memory (the
+    least of MemAvailable and the cgroup's limit) and the address space."""
+    found = []
+    meminfo, cgroup = _meminfo_available(), cgroup_limit()
+    resident = available_bytes()
+    if resident is not None:
+        tight = cgroup is not None and (meminfo is None or cgroup.available <= meminfo)
+        name = cgroup.name if tight else "MemAvailable in /proc/meminfo"
+        found.append(Limit(name, resident))
+    address = address_space_limit()
+    if address is not None:
+        found.append(address)
+    return found
+
+
+def _address_baseline() -> int:
+    """The address space an export takes besides its weights, on this machine."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    imported = "tensorflow" in sys.modules
+    return (
+        ADDRESS_BASELINE_BYTES
+        + ADDRESS_PER_CORE_BYTES * (cores or 1)
+        + (0 if imported else ADDRESS_IMPORT_BYTES)
+    )
+
+
+def _refusal(limit: Limit, weight_bytes: int, external: bool) -> str | None:
+    """Why `limit` cannot hold the export, or None where it can."""
+    if limit.address_space:
+        ratio = ADDRESS_PER_PARAM_BYTE_EXTERNAL if external else ADDRESS_PER_PARAM_BYTE
+        baseline, what = _address_baseline(), "of address space"
+    else:
+        ratio = PEAK_PER_PARAM_BYTE_EXTERNAL if external else PEAK_PER_PARAM_BYTE
+        baseline, what = BASELINE_BYTES, "of memory"
+    need = baseline + ratio * weight_bytes
+    if need <= limit.available:
+        return None
+    return (
+        f"exporting this model needs about {need / 1e9:.1f} GB {what} "
+        f"({baseline / 1e9:.1f} GB + {ratio}x its {weight_bytes / 1e9:.2f} GB of weights) "
+        f"and {limit.available / 1e9:.1f} GB are available under {limit.name}; free "
+        f"memory or raise the limit, or try anyway with {fix('memory_check')}"
+    )
 
 
 def check_fits(weight_bytes: int, external: bool) -> None:
@@ -70,23 +277,33 @@ def check_fits(weight_bytes: int, external: bool) -> None:
         external: whether the export takes the data-file path.
 
     Raises:
-        UsageError: the estimate exceeds what is available (exit 2); the
-            message gives both figures and the flag that skips the check.
+        UsageError: the estimate exceeds what a limit leaves (exit 2); the
+            message gives both figures, the limit, and the flag that skips the
+            check.
     """
-    available = available_bytes()
-    ratio = PEAK_PER_PARAM_BYTE_EXTERNAL if external else PEAK_PER_PARAM_BYTE
-    need = BASELINE_BYTES + ratio * weight_bytes
-    if available is not None and need > available:
-        raise UsageError(
-            f"exporting this model needs about {need / 1e9:.1f} GB of memory "
-            f"({BASELINE_BYTES / 1e9:.1f} GB + {ratio}x its "
-            f"{weight_bytes / 1e9:.2f} GB of weights) and {available / 1e9:.1f} GB are "
-            f"available; free memory, or try anyway with {fix('memory_check')}"
-        )
+    for limit in limits():
+        reason = _refusal(limit, weight_bytes, external)
+        if reason is not None:
+            raise UsageError(reason)
+
+
+def archive_weight_bytes(path: Path) -> int:
+    """The weights a `.keras` archive declares (`loading.declared_weight_bytes`),
+    or, where its weights file cannot be read, the sizes its zip directory gives."""
+    declared = declared_weight_bytes(path)
+    if declared is not None:
+        return declared
+    with zipfile.ZipFile(path) as archive:
+        return sum(item.file_size for item in archive.infolist() if item.filename.endswith(".h5"))
 
 
 def estimated_param_bytes(model) -> int:
-    """The weights' bytes of a model in memory or of a `.keras` path."""
+    """The weights' bytes of a model in memory or of a `.keras` path.
+
+    Raises:
+        ModelLoadError: the archive's weights file is refused (a size bomb, a
+            link to another file: `loading.declared_weight_bytes`).
+    """
     if isinstance(model, str | os.PathLike):
         try:
             if not stat.S_ISREG(os.stat(model).st_mode):
