@@ -19,11 +19,20 @@ def policy():
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-# Property tests: a fast profile for the default suite, a thorough one on demand
+# Property tests: a fast profile for the default suite, CI's for its fuzz tier
+# (HYPOTHESIS_PROFILE=ci python -m pytest -m fuzz), a thorough one on demand
 # (HYPOTHESIS_PROFILE=thorough python -m pytest tests/test_properties.py tests/test_fuzz.py).
 settings.register_profile(
     "fast",
     max_examples=15,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+# CI's fuzz tier: reproducible (derandomized), sized to fit CI's budget.
+settings.register_profile(
+    "ci",
+    max_examples=2000,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],

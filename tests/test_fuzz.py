@@ -3,8 +3,8 @@
 Every case must end in exit 0, 1 or 2, with one line on stderr and no
 traceback, and must leave the files already at the output paths untouched
 unless the export passed. The default suite runs the `fast` hypothesis profile;
-`HYPOTHESIS_PROFILE=thorough python -m pytest tests/test_fuzz.py` runs 2,000
-cases per test (see tests/conftest.py).
+CI's fuzz tier, `HYPOTHESIS_PROFILE=ci python -m pytest -m fuzz`, runs 2,000
+reproducible cases per test (see tests/conftest.py).
 """
 
 import functools
@@ -199,6 +199,7 @@ def assert_clean_ending(code: int, err: str) -> None:
         assert len(lines) == 1 and lines[0].startswith("error:"), err
 
 
+@pytest.mark.fuzz
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(mutate=mutations)
 def test_mutated_archives_end_cleanly(mutate, tmp_path_factory, capsys):
@@ -230,6 +231,7 @@ FLAGS = [
 ]
 
 
+@pytest.mark.fuzz
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(
     argv=st.lists(

@@ -312,6 +312,7 @@ ANY = {  # any value of each argument, valid or not (the mask's depends on the i
 }
 
 
+@pytest.mark.fuzz
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_arguments_give_tokens_or_a_named_error(decoder, path, data):
