@@ -5,8 +5,11 @@ and places the files; each stage is a module of its own. `validate` checks an
 ONNX file another tool made against its model, writing nothing. `generate` runs a
 decoder exported with `task="causal-lm"` on ONNX Runtime and NumPy alone:
 `from keras_layers.export import generate` imports neither TensorFlow nor
-Keras (every name is imported on first use). Needs the
-`export` extra: `pip install "keras-layers[export]"`.
+Keras (every name is imported on first use). `export_tokenizer` writes a
+keras-hub tokenizer as Hugging Face `tokenizer.json` files and `check_identity`
+proves them token-identical (the `text` extra adds onnxruntime-extensions, one
+of the readers checked). Needs the `export` extra:
+`pip install "keras-layers[export]"`.
 """
 
 from importlib.util import find_spec
@@ -36,6 +39,12 @@ if TYPE_CHECKING:  # what type checkers and the API docs read
     from keras_layers.export.inputs import InputRole
     from keras_layers.export.options import ExportOptions
     from keras_layers.export.pipeline import export_model
+    from keras_layers.export.tokenizer_files import (
+        IdentityReport,
+        TokenizerFiles,
+        check_identity,
+        export_tokenizer,
+    )
 
 # Every name is imported on first use (PEP 562): importing this package runs
 # nothing of the working folder under `python -m keras_layers.export` (see
@@ -47,6 +56,10 @@ _MODULES = {
     "validate": "keras_layers.export.checking",
     "ExportOptions": "keras_layers.export.options",
     "InputRole": "keras_layers.export.inputs",
+    **dict.fromkeys(
+        ("IdentityReport", "TokenizerFiles", "check_identity", "export_tokenizer"),
+        "keras_layers.export.tokenizer_files",
+    ),
     **dict.fromkeys(
         (
             "ConversionError",
@@ -65,12 +78,16 @@ __all__ = [
     "ConversionError",
     "ExportError",
     "ExportOptions",
+    "IdentityReport",
     "InputRole",
     "ModelLoadError",
     "OutputError",
     "UsageError",
+    "TokenizerFiles",
     "ValidationFailed",
+    "check_identity",
     "export_model",
+    "export_tokenizer",
     "generate",
     "validate",
 ]
