@@ -591,3 +591,14 @@ def test_a_directory_at_the_lock_path_is_refused_before_any_work(tmp_path, model
     code, err = run_cli(capsys, model_path, "-o", tmp_path / "m.onnx", *SHAPES)
     assert code == 2 and ".m.onnx.lock" in err and "is not a regular file; remove it" in err
     assert snapshot(tmp_path) == before
+
+
+def test_a_file_of_the_user_at_the_lock_path_is_kept(tmp_path):
+    """Lock files are empty; one with content at that name is the user's,
+    locked and used, never removed."""
+    out = tmp_path / "m.onnx"
+    theirs = placement.lock_path(out)
+    theirs.write_bytes(b"notes the user keeps here")
+    with placement.output_lock(out):
+        assert is_held(out)
+    assert theirs.read_bytes() == b"notes the user keeps here"

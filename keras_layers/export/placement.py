@@ -394,7 +394,8 @@ def output_lock(output: Path) -> Iterator[None]:
     finally:
         try:
             # Removed while still locked: a waiter on this file starts over.
-            if _still_named(path, descriptor):
+            # Ours are empty: a file with content at that name is not ours.
+            if _still_named(path, descriptor) and os.fstat(descriptor).st_size == 0:
                 path.unlink()
         except OSError:
             pass  # left behind: the next export locks, reuses and removes it
