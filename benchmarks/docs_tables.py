@@ -37,6 +37,7 @@ PAGE = ROOT / "docs" / "performance.md"
 PAGES_BY_STEM = {
     "generate": ROOT / "docs" / "generation.md",
     "mutation": ROOT / "docs" / "conformance.md",
+    "tokenizers": ROOT / "docs" / "tokenizers.md",
 }
 MARKED_TABLE = re.compile(
     r"^<!-- table: (?P<name>[\w.]+) -->\n(?P<body>.*?)^<!-- /table -->$", flags=re.S | re.M
@@ -647,6 +648,143 @@ def conformance_table(report: dict) -> str:
     return markdown_table(header, [False, False, False, False, True], rows)
 
 
+# --- tokenizers.json ---------------------------------------------------------------
+
+TOKENIZER_READERS = ("tokenizers", "onnxruntime-extensions")
+TOKENIZER_ENGINES = ("keras-hub", "tokenizers", "ort-extensions pp_api", "onnxruntime graph")
+
+
+def _prose_cell(text: str) -> str:
+    """Message text safe in a table cell: no column break, no HTML tag (`<s>`), and
+    no emphasis outside its `code` spans (which are kept as they are)."""
+    parts = text.replace("|", "\\|").split("`")
+    for index in range(0, len(parts), 2):  # outside the code spans
+        for raw, escaped in (("<", "&lt;"), ("_", "\\_"), ("*", "\\*")):
+            parts[index] = parts[index].replace(raw, escaped)
+    return "`".join(parts)
+
+
+def _tokenizer_outcome(row: dict, reader: str) -> str:
+    """One reader's identity for one class: identical, the differences and how many
+    the known gaps explain, or refused."""
+    if row.get("refused"):
+        return "refused"
+    result = row["readers"][reader]
+    if result["error"]:
+        return "not loaded"
+    if result["identical"]:
+        return "identical"
+    if result["measured_only"]:
+        return f"{result['differences']} of {result['compared']} differ (other algorithm)"
+    explained = result["explained_by_known_gaps"]
+    return f"{result['differences']} of {result['compared']} differ, {explained} by known gaps"
+
+
+def tokenizers_identity_table(report: dict) -> str:
+    """Every zoo tokenizer class: family, each reader's identity, the ONNX graph's ids."""
+    rows = []
+    for row in report["tokenizers"]:
+        graph = row.get("graph_same")
+        rows.append(
+            [
+                f"`{row['name']}`",
+                row["family"],
+                *(_tokenizer_outcome(row, reader) for reader in TOKENIZER_READERS),
+                "" if graph is None else f"{graph} of {report['corpus_texts']}",
+                str(len(row["models"])),
+            ]
+        )
+    header = ["class", "family", *TOKENIZER_READERS, "onnxruntime graph, same ids", "zoo models"]
+    return markdown_table(header, [False] * 5 + [True], rows)
+
+
+def tokenizers_speed_table(report: dict) -> str:
+    """Strings per second per engine and batch, and each engine over keras-hub."""
+    rows = []
+    for row in report["tokenizers"]:
+        for batch, timing in row.get("speed", {}).items():
+            rates, ratios = timing["strings_per_s"], timing["vs_keras_hub"]
+            cells = [_optional(rates.get(name), ",.0f") for name in TOKENIZER_ENGINES]
+            cells += [_optional(ratios.get(name), ".1f") for name in TOKENIZER_ENGINES[1:]]
+            rows.append([f"`{row['name']}`", batch, *cells])
+    header = [
+        "class",
+        "batch",
+        *(f"{name} strings/s" for name in TOKENIZER_ENGINES),
+        *(f"{name} / keras-hub" for name in TOKENIZER_ENGINES[1:]),
+    ]
+    return markdown_table(header, [False] + [True] * 8, rows)
+
+
+def tokenizers_gaps_table(report: dict) -> str:
+    """Each known gap, by reader: the families and how many classes it is listed for."""
+    gaps = {}
+    for row in report["tokenizers"]:
+        for reader, result in (row.get("readers") or {}).items():
+            for gap in result["known_gaps"]:
+                families, classes = gaps.setdefault((reader, gap), (set(), []))
+                families.add(row["family"])
+                classes.append(row["name"])
+    rows = [
+        [reader, _prose_cell(gap), ", ".join(sorted(families)), str(len(classes))]
+        for (reader, gap), (families, classes) in sorted(gaps.items())
+    ]
+    header = ["reader", "known gap", "families", "classes"]
+    return markdown_table(header, [False] * 3 + [True], rows)
+
+
+def tokenizers_refused_table(report: dict) -> str:
+    """The classes export_tokenizer refuses, with its message and the zoo models they serve."""
+    rows = [
+        [
+            f"`{row['name']}`",
+            row["family"],
+            _prose_cell(row["refused"]),
+            ", ".join(f"`{model}`" for model in row["models"]),
+        ]
+        for row in report["tokenizers"]
+        if row.get("refused")
+    ]
+    return markdown_table(
+        ["class", "family", "export_tokenizer says", "zoo models"], [False] * 4, rows
+    )
+
+
+def _reader_word(result: dict) -> str:
+    if result["identical"]:
+        return "identical"
+    return "other algorithm" if result["measured_only"] else "known gaps"
+
+
+def zoo_tokenizer_cells(results: Path = RESULTS) -> dict:
+    """Zoo model class -> the tokenizer column of the zoo table (docs/models.md,
+    rendered by benchmarks/zoo.py): its tokenizer class and each reader's
+    identity (identical / known gaps / refused), joined by the model classes
+    each tokenizers.json row serves. Empty without tokenizers.json."""
+    path = results / "tokenizers.json"
+    if not path.exists():
+        return {}
+    short = {"tokenizers": "tokenizers", "onnxruntime-extensions": "ort-extensions"}
+    cells = {}
+    for row in json.loads(path.read_text())["tokenizers"]:
+        if row.get("refused"):
+            cell = f"`{row['name']}` refused"
+        else:
+            words = (f"{short[n]} {_reader_word(r)}" for n, r in row["readers"].items())
+            cell = f"`{row['name']}`: " + ", ".join(words)
+        for model in row["models"]:
+            cells[model] = "; ".join([*filter(None, [cells.get(model)]), cell])
+    return cells
+
+
+TOKENIZER_TABLES: dict[str, Callable[[dict], str]] = {
+    "tokenizers.identity": tokenizers_identity_table,
+    "tokenizers.speed": tokenizers_speed_table,
+    "tokenizers.gaps": tokenizers_gaps_table,
+    "tokenizers.refused": tokenizers_refused_table,
+}
+
+
 MUTATION_TABLES: dict[str, Callable[[dict], str]] = {
     "mutation.conformance": conformance_table,
     "mutation.models": mutation_models_table,
@@ -683,6 +821,7 @@ def pages() -> list:
 
 
 TABLES.update(MUTATION_TABLES)
+TABLES.update(TOKENIZER_TABLES)
 
 
 def render_tables(results: Path = RESULTS) -> dict:

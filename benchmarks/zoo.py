@@ -34,7 +34,12 @@ sys.path.insert(0, str(ROOT / "tests"))  # zoo_models lives with the tests that 
 
 import zoo_models  # noqa: E402
 
-from benchmarks.docs_tables import markdown_table, page_tables, rewrite  # noqa: E402
+from benchmarks.docs_tables import (  # noqa: E402
+    markdown_table,
+    page_tables,
+    rewrite,
+    zoo_tokenizer_cells,
+)
 from benchmarks.results_io import RESULTS  # noqa: E402
 
 PAGE = ROOT / "docs" / "models.md"
@@ -211,8 +216,11 @@ def zoo_table(report: dict) -> str:
         "nodes (ours)",
         "fused",
         "export s",
+        "tokenizer",
         "note",
     ]
+    # The tokenizer column joins results/tokenizers.json (benchmarks/tokenizers.py).
+    tokenizers = zoo_tokenizer_cells()
     tested = [row for row in report["models"] if row["status"] != "skipped"]
     rows = [
         [
@@ -228,11 +236,12 @@ def zoo_table(report: dict) -> str:
                 f"{FUSED_LABELS.get(op, op)} {count}" for op, count in row.get("fused", {}).items()
             ),
             _number(row.get("export_seconds"), ".1f"),
+            tokenizers.get(row["name"], ""),
             _note(row),
         ]
         for row in tested
     ]
-    table = markdown_table(header, [False] * 3 + [True] * 5 + [False, True, False], rows)
+    table = markdown_table(header, [False] * 3 + [True] * 5 + [False, True, False, False], rows)
     skipped = [row for row in report["models"] if row["status"] == "skipped"]
     lines = [f"- `{row['name']}`: {row['error']}" for row in skipped]
     unfused, rotations = (_declined(tested, op) for op in ("MultiHeadAttention", "RotaryEmbedding"))

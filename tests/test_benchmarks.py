@@ -100,6 +100,31 @@ def test_cached_attention_benchmark_quick_mode_times_both_files():
             assert row["ms"]["fused"] > 0 and row["ms"]["unfused"] > 0
 
 
+def test_tokenizers_benchmark_quick_mode_checks_and_times_one_class_per_family():
+    """One tokenizer class per family: exported and checked (every difference
+    explained by a known gap, or the class refused), and every engine timed."""
+    from benchmarks import tokenizers
+
+    zoo_tokenizers = tokenizers.zoo_tokenizers
+    report = tokenizers.main(["--quick"])
+    rows = {row["name"]: row for row in report["tokenizers"]}
+    assert set(rows) == set(zoo_tokenizers.representatives().values())
+    for name, row in rows.items():
+        if row["refused"]:
+            assert name in zoo_tokenizers.REFUSED and name in row["refused"]
+            continue
+        for reader, result in row["readers"].items():
+            assert result["error"] is None, (name, reader)
+            if not result["measured_only"]:
+                assert result["explained_by_known_gaps"] == result["differences"], (name, reader)
+        assert set(row["speed"]) == {str(size) for size in tokenizers.BATCHES}
+        for timing in row["speed"].values():
+            assert {"keras-hub", "tokenizers"} <= set(timing["strings_per_s"]), name
+            assert all(rate > 0 for rate in timing["strings_per_s"].values()), name
+    written = json.loads((results_io.RESULTS / "tokenizers.quick.json").read_text())
+    assert [row["name"] for row in written["tokenizers"]] == list(rows)
+
+
 @pytest.mark.peers  # onnxscript comes with the peers extra
 def test_rule_engines_benchmark_quick_mode_fuses_the_same_norms_both_ways():
     """Our RMS norm rule and the onnxscript one fuse every norm of the quick
