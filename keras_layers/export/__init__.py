@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # what type checkers and the API docs read
     from keras_layers.export.inputs import InputRole
     from keras_layers.export.options import ExportOptions
     from keras_layers.export.pipeline import export_model
+    from keras_layers.export.text_model import export_text_model
     from keras_layers.export.tokenizer_files import (
         IdentityReport,
         TokenizerFiles,
@@ -53,6 +54,7 @@ _MODULES = {
     "CachedDecoder": "keras_layers.export.generation",
     "generate": "keras_layers.export.generation",
     "export_model": "keras_layers.export.pipeline",
+    "export_text_model": "keras_layers.export.text_model",
     "validate": "keras_layers.export.checking",
     "ExportOptions": "keras_layers.export.options",
     "InputRole": "keras_layers.export.inputs",
@@ -87,6 +89,7 @@ __all__ = [
     "ValidationFailed",
     "check_identity",
     "export_model",
+    "export_text_model",
     "export_tokenizer",
     "generate",
     "validate",

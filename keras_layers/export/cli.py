@@ -40,6 +40,8 @@ FLAGS = {
     "input_roles": "--input",
     "task": "--task",
     "onnx_path": "FILE.onnx",
+    "preprocessor": "--with-preprocessor",
+    "pairs": "--text-pairs",
 }
 FIXES = {
     "unsafe": "--unsafe",
@@ -131,6 +133,7 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
     _add_checks(p)
     _add_conversion(p)
     _add_inputs(p)
+    _add_text(p)
     _add_command(p)
     return p
 
@@ -282,6 +285,24 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_text(p: argparse.ArgumentParser) -> None:
+    """--with-preprocessor, --text-pairs: strings in (`text_model`)."""
+    p.add_argument(
+        "--with-preprocessor",
+        dest="preprocessor",
+        action="store_true",
+        help="one file that takes strings: the keras-hub task's tokenizer and packing as "
+        "onnxruntime-extensions ops before the model (run it with their library "
+        "registered; docs/tokenizers.md), checked on text against predict",
+    )
+    p.add_argument(
+        "--text-pairs",
+        action="store_true",
+        help="with --with-preprocessor: a second string input, text_pair, for a "
+        "preprocessor that packs pairs",
+    )
+
+
 def _add_command(p: argparse.ArgumentParser) -> None:
     """--retrain, -q, --verbose, --version: the command itself."""
     p.add_argument(
@@ -368,6 +389,7 @@ def _export(args, demo_dir: Path, console) -> tuple[dict, float]:
                 f"FILE.onnx {args.onnx_path}: a second path is read only with --check-only; "
                 f"add --check-only to check it, or write -o {args.onnx_path} to export to it"
             )
+        _check_text_flags(args)
         options = _options(args)
         if model is None:
             model, extra, evaluate = _demo(args, demo_dir, display)
@@ -375,10 +397,38 @@ def _export(args, demo_dir: Path, console) -> tuple[dict, float]:
         output = args.output or model.with_suffix(".onnx")
         display.print(f"[bold]Exporting[/] {escape(str(model))} -> {escape(str(output))}")
         start = time.perf_counter()
-        report = export_model(
-            model, output, options, task=args.task, progress=display, evaluate=evaluate
-        )
+        if args.preprocessor:
+            report = _export_text(args, model, output, options)
+        else:
+            report = export_model(
+                model, output, options, task=args.task, progress=display, evaluate=evaluate
+            )
     return report, time.perf_counter() - start
+
+
+def _check_text_flags(args) -> None:
+    """Refuse what `--with-preprocessor` does not take, before any work."""
+    from keras_layers.export.errors import UsageError
+
+    if args.text_pairs and not args.preprocessor:
+        raise UsageError("--text-pairs: only with --with-preprocessor; add it, or leave this out")
+    if not args.preprocessor:
+        return
+    refused = [
+        (args.model is None, "MODEL", "the demo has no preprocessor: give MODEL.keras"),
+        (args.task != "forward", f"--task {args.task}", "it exports the forward pass"),
+        (args.quantize is not None, f"--quantize {args.quantize}", "leave --quantize out"),
+    ]
+    for given, flag, what in refused:
+        if given:
+            raise UsageError(f"{flag}: not taken with --with-preprocessor; {what}")
+
+
+def _export_text(args, model: Path, output: Path, options) -> dict:
+    """`--with-preprocessor`: `text_model.export_text_model`."""
+    from keras_layers.export.text_model import export_text_model
+
+    return export_text_model(model, output, options, pairs=args.text_pairs)
 
 
 def _check_only(args, demo_dir: Path, console) -> tuple[dict, float]:
