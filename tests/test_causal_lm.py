@@ -76,7 +76,12 @@ def keras_hub_greedy(model, ids, mask, new_tokens):
     return np.asarray(out["token_ids"])
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama", "gemma"])
+# GPT-2 in the default suite; Llama (grouped-query, rotary) and Gemma (soft-cap,
+# scaled input) under -m slow, which CI runs: 20 s of export each.
+@pytest.fixture(
+    scope="module",
+    params=["gpt2", *(pytest.param(name, marks=pytest.mark.slow) for name in ("llama", "gemma"))],
+)
 def exported(request, tmp_path_factory):
     model = keras_hub_lm(request.param)
     path = tmp_path_factory.mktemp(request.param) / f"{request.param}.onnx"

@@ -235,7 +235,7 @@ def test_readme_inference_snippet_runs(encoder_export, monkeypatch, tmp_path):
     (snippet,) = [
         block
         for block in re.findall(r"```python\n(.*?)```", text, flags=re.S)
-        if "onnxruntime" in block
+        if "demo_encoder.onnx" in block
     ]
     monkeypatch.chdir(tmp_path)
     namespace = {}

@@ -56,6 +56,7 @@ def test_attention_without_a_mask_is_fused_and_validates(arguments, tmp_path):
     assert "Softmax" not in ops
 
 
+@pytest.mark.slow  # 25 s: a model of attention over two axes, exported
 def test_attention_over_two_axes_is_declined_with_its_reason(tmp_path):
     """2-D attention over (1, 2) of a 4-D input normalises two key axes at
     once: Keras writes that softmax as exp(x - logsumexp(x)), which the fused

@@ -170,6 +170,7 @@ def test_the_command_refuses_what_strings_in_does_not_take(argv, message, tmp_pa
 # --- Strings in, the classifier's logits out -------------------------------------------
 
 
+@pytest.mark.slow  # three exports (a minute); the default suite keeps one
 @pytest.mark.parametrize("name", ["bert", "bert pairs", "roberta"])
 def test_the_file_gives_predicts_logits_on_strings(exported, name):
     task, pairs, report = exported[name]
@@ -189,12 +190,14 @@ def test_the_validation_set_truncates_and_pads(bert):
     assert len(bert.preprocessor.tokenizer.tokenize(texts[-1])) > LENGTH
 
 
+@pytest.mark.slow  # three exports (a minute); the default suite keeps one
 def test_each_family_has_its_operator(exported):
     assert exported["bert"][2]["text"]["operator"] == "BertTokenizer"
     assert exported["roberta"][2]["text"]["operator"] == "HfJsonTokenizer"
     assert exported["bert pairs"][2]["text"]["inputs"] == ["text", "text_pair"]
 
 
+@pytest.mark.slow  # three exports (a minute); the default suite keeps one
 def test_the_operators_gaps_on_the_stress_corpus(exported):
     # HfJsonTokenizer reads C strings; the rest of the corpus it tokenizes as keras-hub.
     assert all("\x00" in text for text in exported["roberta"][2]["text"]["operator_differences"])

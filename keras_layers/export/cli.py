@@ -40,8 +40,6 @@ FLAGS = {
     "input_roles": "--input",
     "task": "--task",
     "onnx_path": "FILE.onnx",
-    "preprocessor": "--with-preprocessor",
-    "pairs": "--text-pairs",
 }
 FIXES = {
     "unsafe": "--unsafe",
