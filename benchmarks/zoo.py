@@ -219,7 +219,7 @@ def zoo_table(report: dict) -> str:
         "tokenizer",
         "note",
     ]
-    # The tokenizer column joins results/tokenizers.json (benchmarks/tokenizers.py).
+    # The tokenizer column joins results/tokenizers.json (benchmarks/tokenizer_speed.py).
     tokenizers = zoo_tokenizer_cells()
     tested = [row for row in report["models"] if row["status"] != "skipped"]
     rows = [

@@ -103,7 +103,7 @@ def test_cached_attention_benchmark_quick_mode_times_both_files():
 def test_tokenizers_benchmark_quick_mode_checks_and_times_one_class_per_family():
     """One tokenizer class per family: exported and checked (every difference
     explained by a known gap, or the class refused), and every engine timed."""
-    from benchmarks import tokenizers
+    from benchmarks import tokenizer_speed as tokenizers
 
     zoo_tokenizers = tokenizers.zoo_tokenizers
     report = tokenizers.main(["--quick"])

@@ -1,6 +1,6 @@
 """The tokenizer of every keras-hub text model of the zoo, built tiny and offline.
 
-Shared by tests/test_zoo_tokenizers.py and benchmarks/tokenizers.py, so the
+Shared by tests/test_zoo_tokenizers.py and benchmarks/tokenizer_speed.py, so the
 tests and the page's table are about the same tokenizers.
 
 Enumeration (programmatic, never a hand-picked list): for every zoo model

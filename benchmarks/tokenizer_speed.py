@@ -1,7 +1,7 @@
 """Every zoo model's tokenizer: exported, proved token-identical, and timed side by side.
 
-    python benchmarks/tokenizers.py           # every class: identity and speed (about a minute)
-    python benchmarks/tokenizers.py --quick   # a smoke run: one class per family, 3 rounds
+    python benchmarks/tokenizer_speed.py           # every class: identity and speed (about a minute)
+    python benchmarks/tokenizer_speed.py --quick   # a smoke run: one class per family, 3 rounds
 
 The tokenizer classes are those of tests/zoo_tokenizers.py (the zoo tests
 import the same module): the tokenizer of every keras-hub text model of the
@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # zoo_tokenizers lives with the tests t
 SENTENCE_PIECE_GRAPH = "tensorflow" not in sys.modules
 NO_SENTENCE_PIECE_GRAPH = (
     "TensorFlow was loaded before onnxruntime-extensions, and its SentencepieceTokenizer "
-    "operator then crashes the process: run benchmarks/tokenizers.py as a script"
+    "operator then crashes the process: run benchmarks/tokenizer_speed.py as a script"
 )
 import onnxruntime_extensions  # noqa: E402, F401  (before TensorFlow: see above)
 import zoo_tokenizers  # noqa: E402
