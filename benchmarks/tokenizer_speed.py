@@ -1,7 +1,7 @@
 """Every zoo model's tokenizer: exported, proved token-identical, and timed side by side.
 
-    python benchmarks/tokenizer_speed.py           # every class: identity and speed (about a minute)
-    python benchmarks/tokenizer_speed.py --quick   # a smoke run: one class per family, 3 rounds
+    python benchmarks/tokenizer_speed.py  # every class: identity and speed (about a minute)
+    python benchmarks/tokenizer_speed.py --quick  # a smoke run: one class per family, 3 rounds
 
 The tokenizer classes are those of tests/zoo_tokenizers.py (the zoo tests
 import the same module): the tokenizer of every keras-hub text model of the
