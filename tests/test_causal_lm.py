@@ -28,7 +28,10 @@ from keras_layers.export import (
 from keras_layers.export.generation import CachedDecoder
 from tests import zoo_models
 
-pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
+pytestmark = [
+    pytest.mark.tensorflow_only,  # the export pipeline runs on TensorFlow
+    pytest.mark.xdist_group("causal_lm"),  # module fixtures: one worker (loadgroup)
+]
 
 VOCAB = 97
 PROMPT_LENGTHS = (6, 3, 9)

@@ -19,7 +19,10 @@ import pytest
 import keras_layers  # noqa: F401 - registers the layers for load_model
 from keras_layers.export import ExportOptions, export_model
 
-pytestmark = pytest.mark.tensorflow_only
+pytestmark = [
+    pytest.mark.tensorflow_only,
+    pytest.mark.xdist_group("distributed"),  # module fixtures: one worker (loadgroup)
+]
 
 SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_distributed.py"
 STEPS = 8

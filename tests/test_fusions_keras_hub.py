@@ -25,7 +25,10 @@ from onnx import TensorProto, helper, numpy_helper
 from keras_layers.export import ExportOptions, export_model, fusions
 from keras_layers.export.graph import remove_dead_nodes
 
-pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
+pytestmark = [
+    pytest.mark.tensorflow_only,  # the export pipeline runs on TensorFlow
+    pytest.mark.xdist_group("fusions_keras_hub"),  # module fixtures: one worker (loadgroup)
+]
 
 LAYERS = 2
 VOCAB = 100

@@ -23,7 +23,10 @@ from keras_layers.export import export_model, generate, memory
 from keras_layers.export.generation import ArgumentTypeError, CachedDecoder
 from tests import zoo_models
 
-pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
+pytestmark = [
+    pytest.mark.tensorflow_only,  # the export pipeline runs on TensorFlow
+    pytest.mark.xdist_group("generate_arguments"),  # module fixtures: one worker (loadgroup)
+]
 
 VOCAB = 50
 POSITIONS = 12

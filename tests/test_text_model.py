@@ -40,6 +40,11 @@ from keras_layers.export.text_model import (
     validation_texts,
 )
 
+pytestmark = [
+    pytest.mark.tensorflow_only,  # the export pipeline runs on TensorFlow
+    pytest.mark.xdist_group("text_model"),  # module fixtures: one worker (loadgroup)
+]
+
 LENGTH = 16
 TRAINING = [
     *SAMPLE_TEXTS,
