@@ -17,6 +17,8 @@ MODULES = [
     pytest.param("keras_layers.export.options", marks=pytest.mark.tensorflow_only),
     # Exports a decoder first (module docstring), then generates from it.
     pytest.param("keras_layers.export.generation", marks=pytest.mark.tensorflow_only),
+    # Writes and proves a WordPiece tokenizer's files (keras-hub's tokenizer runs on TF).
+    pytest.param("keras_layers.export.tokenizer_files.gate", marks=pytest.mark.tensorflow_only),
 ]
 
 

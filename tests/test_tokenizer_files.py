@@ -8,7 +8,8 @@ onnxruntime-extensions); every difference it reports must be one of the
 corners the converter documents, named per case below, and the corners are
 checked to be the only ones. Then the proof is proved: files broken on
 purpose (two ids swapped, a merge dropped, lowercasing removed) must be
-caught, with the differing text and both id lists.
+caught, with the differing text and both id lists, and `export_tokenizer`'s
+gate must refuse to place them (exit 1 on the command line: test_text_cli.py).
 """
 
 import io
@@ -21,8 +22,13 @@ import sentencepiece
 import tensorflow as tf
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from keras_layers.export.errors import UsageError
-from keras_layers.export.tokenizer_files import STRESS_CORPUS, check_identity, export_tokenizer
+from keras_layers.export.errors import OutputError, UsageError, ValidationFailed
+from keras_layers.export.tokenizer_files import (
+    STRESS_CORPUS,
+    check_identity,
+    export_tokenizer,
+    gate,
+)
 from keras_layers.export.tokenizer_files.byte_pair import KERAS_HUB_SPLIT_PATTERN
 from keras_layers.export.tokenizer_files.sentence_piece import (
     BPE,
@@ -34,6 +40,7 @@ from keras_layers.export.tokenizer_files.sentence_piece import (
 )
 
 EXTENSIONS = "onnxruntime-extensions"
+FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
 TRAINING = [
     "The quick brown fox jumps over the lazy dog. A tokenizer splits words into pieces.",
     "Machine learning models turn text into token ids and back again, 123 and 4567 times.",
@@ -287,8 +294,9 @@ def _unexplained(result, reasons, tokenizer) -> list:
 def test_the_files_tokenize_the_stress_corpus_as_keras_hub(case, tokenizers_made, tmp_path):
     made = tokenizers_made[case]
     tokenizer = getattr(made, "tokenizer", made)
-    written = export_tokenizer(made, tmp_path)
-    report = check_identity(made, tmp_path)
+    written = export_tokenizer(made, tmp_path)  # its gate runs check_identity
+    report = written.identity
+    assert report.passed, report.summary()
     assert {p.name for p in written.files} == {
         "tokenizer.json",
         "tokenizer_config.json",
@@ -316,7 +324,7 @@ def test_the_files_tokenize_the_stress_corpus_as_keras_hub(case, tokenizers_made
 
 def test_a_causal_lm_preprocessor_is_framed_as_generate_preprocess(tokenizers_made, tmp_path):
     preprocessor = tokenizers_made["gpt2 causal lm"]
-    written = export_tokenizer(preprocessor, tmp_path)
+    written = export_tokenizer(preprocessor, tmp_path, check=False)
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     document = json.loads((tmp_path / "tokenizer.json").read_text())
     assert written.framing.start == ("<|endoftext|>",) and written.framing.end == ()
@@ -333,7 +341,7 @@ def test_a_causal_lm_preprocessor_is_framed_as_generate_preprocess(tokenizers_ma
 
 def test_a_classifier_preprocessor_frames_pairs_as_keras_hub(tokenizers_made, tmp_path):
     preprocessor = tokenizers_made["bert classifier"]
-    export_tokenizer(preprocessor, tmp_path)
+    export_tokenizer(preprocessor, tmp_path, check=False)
     files = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     first, second = ["The quick fox", "Привет мир"], ["jumps over", "the lazy dog!"]
     # As a keyword: a positional pair would be unpacked as (x, y).
@@ -347,7 +355,7 @@ def test_a_classifier_preprocessor_frames_pairs_as_keras_hub(tokenizers_made, tm
 
 
 def test_the_special_tokens_are_written_by_role(tokenizers_made, tmp_path):
-    export_tokenizer(tokenizers_made["bert uncased"], tmp_path)
+    export_tokenizer(tokenizers_made["bert uncased"], tmp_path, check=False)
     roles = json.loads((tmp_path / "special_tokens_map.json").read_text())
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     assert roles == {
@@ -464,18 +472,24 @@ def _break(folder, change) -> None:
     path.write_text(json.dumps(document, ensure_ascii=False), encoding="utf-8")
 
 
-def test_two_swapped_ids_are_caught_by_both_readers(tokenizers_made, tmp_path):
-    gpt2 = tokenizers_made["gpt2"]
-    export_tokenizer(gpt2, tmp_path)
-    text = STRESS_CORPUS[0]
-    ids = _keras_ids(gpt2, text)
+def _swap_first_two_ids(tokenizer, text):
+    """A change to the written document that swaps the first two ids `text` encodes to."""
+    ids = _keras_ids(tokenizer, text)
     first, second = ids[0], next(i for i in ids if i != ids[0])
-    tokens = gpt2.id_to_token(first), gpt2.id_to_token(second)
+    tokens = tokenizer.id_to_token(first), tokenizer.id_to_token(second)
 
     def swap(document):
         vocabulary = document["model"]["vocab"]
         vocabulary[tokens[0]], vocabulary[tokens[1]] = second, first
 
+    return swap, (first, second)
+
+
+def test_two_swapped_ids_are_caught_by_both_readers(tokenizers_made, tmp_path):
+    gpt2 = tokenizers_made["gpt2"]
+    export_tokenizer(gpt2, tmp_path, check=False)
+    text = STRESS_CORPUS[0]
+    swap, (first, second) = _swap_first_two_ids(gpt2, text)
     _break(tmp_path, swap)
     report = check_identity(gpt2, tmp_path)
     swapped = {first: second, second: first}
@@ -491,7 +505,7 @@ def test_two_swapped_ids_are_caught_by_both_readers(tokenizers_made, tmp_path):
 
 def test_a_dropped_merge_is_caught(tokenizers_made, tmp_path):
     llama = tokenizers_made["llama bpe"]
-    export_tokenizer(llama, tmp_path)
+    export_tokenizer(llama, tmp_path, check=False)
     text = STRESS_CORPUS[0]
     longest = max(_keras_ids(llama, text), key=lambda i: len(llama.id_to_token(i)))
     piece = llama.id_to_token(longest)
@@ -508,9 +522,82 @@ def test_a_dropped_merge_is_caught(tokenizers_made, tmp_path):
 
 def test_lowercasing_removed_is_caught(tokenizers_made, tmp_path):
     bert = tokenizers_made["bert uncased"]
-    export_tokenizer(bert, tmp_path)
+    export_tokenizer(bert, tmp_path, check=False)
     _break(tmp_path, lambda document: document.update(normalizer=None))
     found = check_identity(bert, tmp_path).reader("tokenizers").first
     # The first text with a capital letter is the first that differs.
     assert (found.check, found.text) == ("encode", STRESS_CORPUS[0])
     assert found.keras != found.reader
+
+
+def test_the_gate_refuses_a_wrong_file_with_the_text_and_both_ids(
+    tokenizers_made, tmp_path, monkeypatch
+):
+    gpt2 = tokenizers_made["gpt2"]
+    text = STRESS_CORPUS[0]
+    swap, (first, second) = _swap_first_two_ids(gpt2, text)
+
+    write = gate.write_tokenizer
+
+    def write_broken(given, folder):
+        written = write(given, folder)
+        _break(folder, swap)
+        return written
+
+    monkeypatch.setattr(gate, "write_tokenizer", write_broken)
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("the user's file")
+    with pytest.raises(ValidationFailed) as raised:
+        export_tokenizer(gpt2, folder)
+    message = str(raised.value)
+    keras = _keras_ids(gpt2, text)
+    swapped = [{first: second, second: first}.get(i, i) for i in keras]
+    assert repr(text) in message and str(keras) in message and str(swapped) in message
+    assert "Nothing was placed" in message
+    # Nothing placed, nothing lost: the folder is as it was.
+    assert [p.name for p in folder.iterdir()] == ["tokenizer.json"]
+    assert (folder / "tokenizer.json").read_text() == "the user's file"
+    identity = raised.value.report["tokenizer"]["identity"]
+    assert identity["passed"] is False and identity["readers"][0]["unexplained"]
+
+
+def test_a_known_gap_is_not_a_failure_but_the_same_reader_elsewhere_is(tokenizers_made, tmp_path):
+    # onnxruntime-extensions reads C strings (a known gap for byte-level BPE):
+    # its differences on texts with U+0000 pass; one on any other text fails.
+    gpt2 = tokenizers_made["gpt2"]
+    nul_texts = [text for text in STRESS_CORPUS if "\x00" in text]
+    assert nul_texts, "the stress corpus must hold a U+0000"
+    written = export_tokenizer(gpt2, tmp_path / "ok", corpus=nul_texts)
+    extensions = written.identity.reader(EXTENSIONS)
+    assert extensions.differences and not extensions.unexplained and extensions.passed
+
+    text = STRESS_CORPUS[0]
+    swap, _ = _swap_first_two_ids(gpt2, text)
+    export_tokenizer(gpt2, tmp_path / "broken", check=False)
+    _break(tmp_path / "broken", swap)
+    report = check_identity(gpt2, tmp_path / "broken", corpus=[text, *nul_texts])
+    assert not report.passed
+    assert {d.text for d in report.reader(EXTENSIONS).unexplained} == {text}
+
+
+def test_the_gate_places_the_files_and_leaves_the_rest_of_the_folder(tokenizers_made, tmp_path):
+    folder = tmp_path / "deploy"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"not touched")
+    (folder / "tokenizer.json").write_text("an older export")
+    written = export_tokenizer(tokenizers_made["gpt2"], folder, corpus=STRESS_CORPUS[:3])
+    assert written.identity.passed and written.identity.folder == folder
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["model.onnx", *FILES])
+    assert (folder / "model.onnx").read_bytes() == b"not touched"
+    assert json.loads((folder / "tokenizer.json").read_text())["model"]["type"] == "BPE"
+
+
+def test_a_folder_that_is_a_file_is_refused_before_any_work(tokenizers_made, tmp_path):
+    (tmp_path / "file").write_text("mine")
+    for folder in (tmp_path / "file", tmp_path / "file" / "below"):
+        with pytest.raises(OutputError, match="is a file, not a folder"):
+            export_tokenizer(tokenizers_made["gpt2"], folder)
+    assert (tmp_path / "file").read_text() == "mine"
+    with pytest.raises(UsageError, match="give the path of a folder"):
+        export_tokenizer(tokenizers_made["gpt2"], None)

@@ -353,139 +353,66 @@ def instance(name: str):
     return build(name)
 
 
-# --- the known gaps, as predicates on a difference ---------------------------------------
-#
-# `check_identity` lists, per reader, the gaps the converter expects (the
-# constants of tokenizer_files). Each gap is given here the test that says
-# whether one difference is an instance of it; a difference no listed gap
-# explains is a failure. A reader whose gap says it is another algorithm (the
-# BERT operator) is only measured.
+# --- preprocessors: the framing of every zoo task's preprocessor -------------------------
+
+# Preprocessor class -> words its UsageError must hold. Sequence-to-sequence
+# preprocessors pack an encoder and a decoder input (two packers): one
+# tokenizer.json frames one input, so their tokenizer is exported alone.
+PREPROCESSOR_REFUSED = {
+    "BartSeq2SeqLMPreprocessor": "no `packer`",
+    "T5Seq2SeqLMPreprocessor": "no `packer`",
+    "T5GemmaSeq2SeqLMPreprocessor": "no `packer`",
+    "T5Gemma2Seq2SeqLMPreprocessor": "no `packer`",
+    # It frames text with images: keras-hub's own call needs them.
+    "PaliGemmaCausalLMPreprocessor": "cannot frame a batch of texts alone",
+}
+LENGTHS = ("sequence_length", "encoder_sequence_length", "decoder_sequence_length")
+SEQUENCE_LENGTH = 24
 
 
-def _pieces(tokenizer) -> list:
-    from keras_layers.export.tokenizer_files.sentence_piece import model_proto
+@dataclass(frozen=True)
+class ZooPreprocessor:
+    """One preprocessor class of the zoo's tasks, its tokenizer and the tasks it serves."""
 
-    return list(model_proto(tokenizer).pieces)
-
-
-def _keras_ids(tokenizer, text: str) -> list:
-    return [int(i) for i in tokenizer.tokenize(text)]
-
-
-def _ids_of(value):
-    return value[0] if isinstance(value, tuple) else value
+    name: str
+    tokenizer: str
+    models: tuple = ()
+    cls: type = field(default=None, repr=False, compare=False)
 
 
-def _literal_piece(difference, tokenizer) -> bool:
-    """The text holds a control, unknown or byte piece's literal text."""
-    from keras_layers.export.tokenizer_files.sentence_piece import NORMAL, USER_DEFINED
-
-    literal = [p.piece for p in _pieces(tokenizer) if p.type not in (NORMAL, USER_DEFINED)]
-    return any(piece in difference.text for piece in literal)
-
-
-def _user_defined(difference, tokenizer) -> bool:
-    from keras_layers.export.tokenizer_files.sentence_piece import USER_DEFINED
-
-    found = [p.piece for p in _pieces(tokenizer) if p.type == USER_DEFINED]
-    return any(piece in difference.text for piece in found)
+def _text_only(cls) -> bool:
+    """Whether `cls` is built from a tokenizer alone (no audio or image converter)."""
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    return not [
+        p.name
+        for p in parameters
+        if p.name not in ("self", "tokenizer")
+        and p.default is inspect.Parameter.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
 
 
-def _marks(difference, tokenizer) -> bool:
-    import unicodedata
-
-    return any(unicodedata.combining(c) or "\u1100" <= c <= "\u11ff" for c in difference.text)
-
-
-def _tie(difference, tokenizer) -> bool:
-    keras, reader = _ids_of(difference.keras), _ids_of(difference.reader)
-    return isinstance(reader, list) and sorted(keras) == sorted(reader)
-
-
-def _byte_pieces(difference, tokenizer) -> bool:
-    from keras_layers.export.tokenizer_files.sentence_piece import BYTE
-
-    pieces = _pieces(tokenizer)
-    return any(pieces[i].type == BYTE for i in _keras_ids(tokenizer, difference.text))
+@functools.cache
+def enumerate_preprocessors() -> tuple:
+    """Every text-only preprocessor class of the zoo's tasks whose tokenizer exports."""
+    served = {}
+    for model in zoo_models.candidates():
+        cls = getattr(model.cls, "preprocessor_cls", None) if model.kind != "backbone" else None
+        tokenizer = getattr(cls, "tokenizer_cls", None)
+        if tokenizer is None or tokenizer.__name__ in REFUSED or not _text_only(cls):
+            continue
+        served.setdefault(cls, []).append(model.name)
+    return tuple(
+        ZooPreprocessor(cls.__name__, cls.tokenizer_cls.__name__, tuple(sorted(names)), cls)
+        for cls, names in sorted(served.items(), key=lambda item: item[0].__name__)
+    )
 
 
-def _hex_lookalike(difference, tokenizer) -> bool:
-    pieces = _pieces(tokenizer)
-    for i in _keras_ids(tokenizer, difference.text):
-        raw = pieces[i].piece.encode("utf-8")
-        if len(raw) == 6 and all(chr(b) in "0123456789ABCDEF" for b in raw[3:5]):
-            return True
-    return False
-
-
-def _no_end_token(difference, tokenizer) -> bool:
-    keras, reader = _ids_of(difference.keras), _ids_of(difference.reader)
-    end = getattr(tokenizer, "end_token_id", None)
-    return isinstance(reader, list) and keras[-1:] == [end] and reader == keras[:-1]
-
-
-def _gap_tests() -> dict:
-    """Gap text (or, for a gap naming its pieces, its opening) -> test of one difference."""
-    from keras_layers.export.tokenizer_files import byte_pair, converted, sentence_piece, word_piece
-
-    spm = sentence_piece
-    return {
-        converted.NUL_GAP: lambda d, t: "\x00" in d.text,
-        converted.EMPTY_DECODE_GAP: lambda d, t: (
-            d.check == "decode" and (d.keras, d.reader) == ("", "\ufffd")
-        ),
-        byte_pair.PREFIX_SPACE_GAP: lambda d, t: not d.text.startswith(" "),
-        spm.CONTROL_TEXT_GAP: _literal_piece,
-        spm.UNIGRAM_TEXT_GAP: _literal_piece,
-        spm.TIE_GAP: _tie,
-        spm.PRECOMPILED_GAP: _marks,
-        spm.USER_DEFINED_GAPS[0]: _user_defined,
-        spm.USER_DEFINED_GAPS[1]: _user_defined,
-        spm.UNIGRAM_READER_GAPS[0]: lambda d, t: d.check == "decode" and "\u2047" in d.keras,
-        spm.UNIGRAM_READER_GAPS[1]: lambda d, t: d.text != d.text.strip() or "  " in d.text,
-        spm.BYTE_FALLBACK_GAP: _byte_pieces,
-        "onnxruntime-extensions reads any 6-byte piece": _hex_lookalike,
-        spm.BPE_READER_GAPS["prefix"]: lambda d, t: (
-            d.check == "decode" and d.reader == " " + d.keras
-        ),
-        spm.BPE_READER_GAPS["chunks"]: lambda d, t: any(len(w) > 100 for w in d.text.split()),
-        spm.BPE_READER_GAPS["eos"]: _no_end_token,
-        word_piece.WORD_LIMIT_GAP: lambda d, t: any(
-            len(w.encode("utf-8")) > 100 for w in d.text.split()
-        ),
-        word_piece.PLACEHOLDER_GAP: lambda d, t: any(ord(c) >= 0x10F000 for c in d.text),
-        word_piece.BERT_OP_GAP: lambda d, t: True,
-    }
-
-
-def measured_only(gaps) -> bool:
-    """Whether a reader's gaps say it is another algorithm, only measured (the BERT operator)."""
-    from keras_layers.export.tokenizer_files import word_piece
-
-    return word_piece.BERT_OP_GAP in gaps
-
-
-def gap_test(gap: str):
-    """The test of one difference for a listed gap.
-
-    Raises:
-        KeyError: the gap has no test here (a new gap: give it one).
-    """
-    for text, test in _gap_tests().items():
-        if gap == text or gap.startswith(text):
-            return test
-    raise KeyError(f"no test for the known gap {gap!r}")
-
-
-def unexplained(result, tokenizer) -> list:
-    """The differences of a `ReaderIdentity` that none of its known gaps explains.
-
-    Args:
-        result: one reader's `ReaderIdentity`.
-        tokenizer: the keras-hub tokenizer it was checked against.
-
-    Returns:
-        Each unexplained difference, described on one line.
-    """
-    tests = [gap_test(gap) for gap in result.known_gaps]
-    return [d.describe() for d in result.differences if not any(t(d, tokenizer) for t in tests)]
+def build_preprocessor(name: str):
+    """The preprocessor class `name` around its tokenizer built here, at `SEQUENCE_LENGTH`."""
+    entry = next(entry for entry in enumerate_preprocessors() if entry.name == name)
+    parameters = inspect.signature(entry.cls.__init__).parameters
+    lengths = {key: SEQUENCE_LENGTH for key in LENGTHS if key in parameters}
+    if not lengths and any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+        lengths = {"sequence_length": SEQUENCE_LENGTH}  # passed on to its base class
+    return entry.cls(tokenizer=build(entry.tokenizer), **lengths)

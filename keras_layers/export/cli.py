@@ -299,6 +299,14 @@ def _add_text(p: argparse.ArgumentParser) -> None:
         help="with --with-preprocessor: a second string input, text_pair, for a "
         "preprocessor that packs pairs",
     )
+    p.add_argument(
+        "--tokenizer-only",
+        action="store_true",
+        help="write MODEL's tokenizer (its keras-hub preprocessor's, framing included) as "
+        "tokenizer.json, tokenizer_config.json and special_tokens_map.json in -o FOLDER "
+        "(default: MODEL_tokenizer beside it), proved token-identical to keras-hub on the "
+        "stress corpus first; no ONNX model",
+    )
 
 
 def _add_command(p: argparse.ArgumentParser) -> None:
@@ -429,6 +437,71 @@ def _export_text(args, model: Path, output: Path, options) -> dict:
     return export_text_model(model, output, options, pairs=args.text_pairs)
 
 
+def _command(args):
+    """The command the flags ask for: check, tokenizer files, or export."""
+    from keras_layers.export.errors import UsageError
+
+    if args.tokenizer_only and args.check_only:
+        raise UsageError("--tokenizer-only: not taken with --check-only; leave one out")
+    if args.tokenizer_only:
+        return _tokenizer_only
+    return _check_only if args.check_only else _export
+
+
+def _tokenizer_only(args, demo_dir: Path, console) -> tuple[dict, float]:
+    """`--tokenizer-only`: MODEL's preprocessor as tokenizer files
+    (`tokenizer_files.export_tokenizer`); returns the report and the seconds."""
+    from rich.markup import escape
+
+    from keras_layers.export import loading
+    from keras_layers.export.display import StageDisplay
+    from keras_layers.export.errors import UsageError, command_line_wording
+    from keras_layers.export.tokenizer_files import export_tokenizer
+
+    del demo_dir
+    refused = [
+        (args.model is None, "MODEL", "give the .keras file of a keras-hub task"),
+        (args.preprocessor, "--with-preprocessor", "leave one out"),
+        (args.text_pairs, "--text-pairs", "leave it out"),
+        (args.quantize is not None, f"--quantize {args.quantize}", "leave --quantize out"),
+        (args.task != "forward", f"--task {args.task}", "leave --task out"),
+        (args.onnx_path is not None, f"FILE.onnx {args.onnx_path}", "leave it out"),
+    ]
+    for given, flag, what in refused:
+        if given:
+            raise UsageError(f"{flag}: not taken with --tokenizer-only; {what}")
+    folder = args.output or args.model.with_name(f"{args.model.stem}_tokenizer")
+    with StageDisplay(console, quiet=args.quiet) as display, command_line_wording(FLAGS, FIXES):
+        display.print(
+            f"[bold]Writing the tokenizer of[/] {escape(str(args.model))} -> {escape(str(folder))}"
+        )
+        start = time.perf_counter()
+        model = loading.load(args.model, imports=args.imports, unsafe=args.unsafe).model
+        preprocessor = getattr(model, "preprocessor", None)
+        if preprocessor is None:
+            raise UsageError(
+                f"MODEL {args.model}: {type(model).__name__} was saved without a keras-hub "
+                "preprocessor, so it holds no tokenizer; save the task with its preprocessor "
+                "(task.save keeps it), or call export_tokenizer(tokenizer, folder) on the tokenizer"
+            )
+        written = export_tokenizer(preprocessor, folder)
+    return written.report(), time.perf_counter() - start
+
+
+def _print_tokenizer(report: dict, seconds: float, verbose: bool, console) -> None:
+    """The identity table and the files placed."""
+    from rich.markup import escape
+
+    from keras_layers.export.display import render_tokenizer
+
+    del verbose
+    render_tokenizer({"tokenizer": report}, console)
+    console.print(
+        f"[green]passed[/]: {escape(report['family'])} tokenizer files "
+        f"({', '.join(report['files'])}) in {escape(report['folder'])} ({seconds:.1f} s)"
+    )
+
+
 def _check_only(args, demo_dir: Path, console) -> tuple[dict, float]:
     """`--check-only`: check FILE.onnx against MODEL (`checking.validate`);
     returns the report and the seconds the check took."""
@@ -505,22 +578,24 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
     from rich.console import Console
     from rich.markup import escape
 
-    from keras_layers.export.display import render_report
+    from keras_layers.export.display import render_report, render_tokenizer
     from keras_layers.export.errors import ExportError, one_line
 
     console = Console(stderr=False, highlight=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
-        command = _check_only if args.check_only else _export
+        command = _command(args)
         report, seconds = command(args, demo_dir, console)
         if not args.quiet:
-            _print_passed(report, seconds, args.verbose, console)
+            printer = _print_tokenizer if command is _tokenizer_only else _print_passed
+            printer(report, seconds, args.verbose, console)
         if args.unsafe:
             err.print("[yellow]warning:[/] loaded with --unsafe (Lambda code allowed)")
         return EXIT_OK
     except ExportError as error:
         if getattr(error, "report", None) and not args.quiet:
-            render_report(error.report, console)
+            render = render_tokenizer if "tokenizer" in error.report else render_report
+            render(error.report, console)
         if args.verbose:
             traceback.print_exc()
         err.print(f"[red]error:[/] {escape(one_line(str(error)))}")

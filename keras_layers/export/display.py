@@ -98,6 +98,42 @@ def _number(value: float) -> str:
     return "inf" if value == float("inf") else f"{value:.2e}"
 
 
+def render_tokenizer(report: dict, console: Console) -> None:
+    """A table of the tokenizer files' identity, reader by reader.
+
+    Args:
+        report: `{"tokenizer": TokenizerFiles.report()}`, as `--tokenizer-only`
+            returns it or a failed tokenizer export carries it.
+        console: where to print.
+    """
+    identity = report["tokenizer"].get("identity")
+    if identity is None:
+        return
+    table = Table(title=f"{identity['family']} tokenizer files vs keras-hub", show_lines=False)
+    table.add_column("reader", min_width=len("onnxruntime-extensions"), no_wrap=True)
+    for column in ("compared", "differ", "known gaps", "unexplained", "result"):
+        table.add_column(column, justify="right")
+    for reader in identity["readers"]:
+        differ, unexplained = len(reader["differences"]), len(reader["unexplained"])
+        if reader["error"] is not None:
+            verdict = f"not loaded: {escape(reader['error'])}"
+            verdict = verdict if reader["passed"] else f"[red]FAIL[/] {verdict}"
+        elif reader["measured_only"]:
+            verdict = "measured (another algorithm)"
+        else:
+            verdict = "[green]pass[/]" if reader["passed"] else "[red]FAIL[/]"
+        table.add_row(
+            escape(reader["reader"]),
+            str(reader["compared"]),
+            str(differ),
+            str(differ - unexplained),
+            str(unexplained),
+            verdict,
+        )
+    console.print(table)
+    console.print(f"on {identity['texts']} texts of the stress corpus")
+
+
 def render_report(report: dict, console: Console) -> None:
     """A table of the checks and a one-line summary of the file.
 

@@ -18,7 +18,7 @@ outputs are the task's. The design, stage by stage:
    special tokens: WordPiece with `BertTokenizer` (fed the vocabulary and
    keras-hub's lowercase / strip-accents flags; its `[CLS]`/`[SEP]` are cut
    off), byte-level BPE with `HfJsonTokenizer` (fed the `tokenizer.json` that
-   `tokenizer_files.export_tokenizer` writes and proves). The step then packs
+   `tokenizer_files.write_tokenizer` writes; step 5 proves the ids). The step then packs
    with standard ops as `MultiSegmentPacker` does: truncation to the
    sequence length less the special tokens (round robin or waterfall between
    a pair), start / separator / end tokens, segment ids, right padding with
@@ -64,7 +64,8 @@ from keras_layers.export import loading, placement, validating
 from keras_layers.export.errors import UsageError, ValidationFailed, argument
 from keras_layers.export.options import ExportOptions
 from keras_layers.export.pipeline import checked_options, export_model
-from keras_layers.export.tokenizer_files import STRESS_CORPUS, export_tokenizer
+from keras_layers.export.tokenizer_files import STRESS_CORPUS
+from keras_layers.export.tokenizer_files.exporting import write_tokenizer
 from keras_layers.export.tokenizer_files.framing import read_framing
 
 TEXT_INPUT = "text"
@@ -148,7 +149,7 @@ def _word_piece_attributes(tokenizer) -> dict:
 def _json_attributes(tokenizer) -> dict:
     """`HfJsonTokenizer`'s attributes: the tokenizer's own files, unframed."""
     with tempfile.TemporaryDirectory() as folder:
-        files = export_tokenizer(tokenizer, folder)
+        files = write_tokenizer(tokenizer, folder)
         text = {path.name: path.read_text(encoding="utf-8") for path in files.files}
     config = json.loads(text["tokenizer_config.json"])
     # The packer adds the special tokens; the operator must add none.

@@ -1,6 +1,6 @@
 """Write a keras-hub tokenizer (or a preprocessor's) as Hugging Face tokenizer files.
 
-`export_tokenizer` is the stage: it resolves what it was given to a tokenizer
+`write_tokenizer` is the writer: it resolves what it was given to a tokenizer
 and, for a preprocessor, its framing; picks the family's converter
 (`byte_pair`, `sentence_piece`, `word_piece`), refusing a tokenizer whose
 tokenization is code of its own; adds the framing to the document; and writes
@@ -16,7 +16,8 @@ three files:
 - `special_tokens_map.json`, the special tokens by role.
 
 It returns a `TokenizerFiles` record; `check_identity` (identity.py) proves
-the files encode as keras-hub does.
+the files encode as keras-hub does, and `export_tokenizer` (gate.py) writes,
+proves and only then places them.
 """
 
 import json
@@ -28,6 +29,7 @@ from keras_layers.export.tokenizer_files.byte_pair import convert_byte_pair, spe
 from keras_layers.export.tokenizer_files.converted import Converted
 from keras_layers.export.tokenizer_files.framing import (
     Framing,
+    known_gaps,
     post_processor,
     read_framing,
     truncation_and_padding,
@@ -87,7 +89,7 @@ _NO_VOCABULARY = {
 
 @dataclass(frozen=True)
 class TokenizerFiles:
-    """What `export_tokenizer` wrote.
+    """What `write_tokenizer` wrote (and `export_tokenizer` placed).
 
     Attributes:
         folder: the folder holding the files.
@@ -97,6 +99,7 @@ class TokenizerFiles:
         tokenizer_class: `tokenizer_config.json`'s class, which readers dispatch on.
         framing: the preprocessor's framing, or None for a tokenizer alone.
         known_gaps: reader -> what it is known to read differently.
+        identity: the `IdentityReport` of the files, when they were checked.
     """
 
     folder: Path
@@ -106,6 +109,7 @@ class TokenizerFiles:
     tokenizer_class: str
     framing: Framing | None = None
     known_gaps: dict = field(default_factory=dict)
+    identity: object = None
 
     def report(self) -> dict:
         """The record as plain data (for JSON reports and the command line).
@@ -133,6 +137,7 @@ class TokenizerFiles:
             "tokenizer_class": self.tokenizer_class,
             "framing": framing,
             "known_gaps": {reader: list(gaps) for reader, gaps in self.known_gaps.items()},
+            "identity": None if self.identity is None else self.identity.report(),
         }
 
 
@@ -226,10 +231,17 @@ def convert(tokenizer) -> Converted:
     return converter(tokenizer)
 
 
-def _roles(converted: Converted, tokenizer) -> dict:
-    roles = dict(converted.special_tokens)
-    for role, token in special_token_roles(tokenizer).items():
-        roles.setdefault(role, token)
+def _roles(converted: Converted, tokenizer, framing: Framing | None) -> dict:
+    """The special tokens by role: the converter's (a SentencePiece proto's
+    `<s>`), overridden by keras-hub's attributes (`start_token`), overridden by
+    the single start / end token the preprocessor frames with: readers add
+    `bos_token` / `eos_token` for `add_bos_token` / `add_eos_token`, so these
+    must be the tokens keras-hub adds."""
+    roles = {**converted.special_tokens, **special_token_roles(tokenizer)}
+    if framing is not None:
+        for role, tokens in (("bos_token", framing.start), ("eos_token", framing.end)):
+            if len(tokens) == 1:
+                roles[role] = tokens[0]
     return roles
 
 
@@ -283,8 +295,8 @@ def _write_json(path: Path, data: dict) -> Path:
     return path
 
 
-def export_tokenizer(tokenizer_or_preprocessor, folder) -> TokenizerFiles:
-    """Write a keras-hub tokenizer as Hugging Face tokenizer files.
+def write_tokenizer(tokenizer_or_preprocessor, folder) -> TokenizerFiles:
+    """Write a keras-hub tokenizer as Hugging Face tokenizer files, unchecked.
 
     Args:
         tokenizer_or_preprocessor: a keras-hub tokenizer (byte-level BPE,
@@ -296,7 +308,7 @@ def export_tokenizer(tokenizer_or_preprocessor, folder) -> TokenizerFiles:
 
     Returns:
         What was written, with the gaps each reader is known to have;
-        `check_identity` measures them.
+        `check_identity` measures them (`export_tokenizer` writes and checks).
 
     Raises:
         UsageError: the tokenizer cannot be written (another class, its own
@@ -307,7 +319,7 @@ def export_tokenizer(tokenizer_or_preprocessor, folder) -> TokenizerFiles:
     framing = read_framing(preprocessor, tokenizer)
     document = dict(converted.document)
     _frame(document, converted, framing, tokenizer)
-    roles = _roles(converted, tokenizer)
+    roles = _roles(converted, tokenizer, framing)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     files = (
@@ -322,5 +334,5 @@ def export_tokenizer(tokenizer_or_preprocessor, folder) -> TokenizerFiles:
         keras_class=type(tokenizer).__name__,
         tokenizer_class=converted.tokenizer_class,
         framing=framing,
-        known_gaps={reader: tuple(gaps) for reader, gaps in converted.known_gaps.items()},
+        known_gaps=known_gaps(converted.known_gaps, framing),
     )

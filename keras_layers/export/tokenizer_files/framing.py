@@ -3,13 +3,14 @@
 A preprocessor wraps the token ids its tokenizer returns: start and end
 tokens, a separator between two segments, truncation to `sequence_length`
 and padding. keras-hub keeps that in a packer layer (`StartEndPacker` for
-causal language models, `MultiSegmentPacker` for classifiers, masked language
-models and embedders), built on first use; the packer is read, not the
+causal language models and one-segment classifiers, `MultiSegmentPacker` for
+classifiers, masked language models and embedders), built on first use; the packer is read, not the
 preprocessor's class, so a subclass that keeps the same packer is covered.
 
-A causal LM preprocessor is written as `generate_preprocess` frames a prompt
-(the start token, no end token: generation continues the text), which is what
-a deployed decoder receives. The framing becomes a `TemplateProcessing`
+A causal LM preprocessor (one with `generate_preprocess`, whatever its
+packer) is written as `generate_preprocess` frames a prompt (the start token,
+no end token: generation continues the text), which is what a deployed
+decoder receives. The framing becomes a `TemplateProcessing`
 post-processor, `truncation` (keras-hub trims the text, never the special
 tokens, as `tokenizers` does) and `padding` to `sequence_length`, so that
 `Tokenizer.encode(text)` returns the padded `token_ids` and, as its attention
@@ -60,6 +61,29 @@ class Framing:
         return token is not None and token in self.start + self.end + (self.separator or ())
 
 
+LITERAL_PAD_GAP = (
+    "keras-hub's padding mask is `token_ids != pad_id`, so a pad token written in the text "
+    "itself is masked too; the reader's attention mask marks only the padding"
+)
+
+
+def known_gaps(converted_gaps: dict, framing: "Framing | None") -> dict:
+    """The converter's known gaps, with those the framing adds.
+
+    Args:
+        converted_gaps: reader -> gaps, from the converter.
+        framing: the preprocessor's framing, or None.
+
+    Returns:
+        reader -> tuple of gaps (`tokenizers` also gets `LITERAL_PAD_GAP`
+        when the framing pads: it is the reader that reports a mask).
+    """
+    gaps = {reader: tuple(listed) for reader, listed in converted_gaps.items()}
+    if framing is not None and framing.pad_token is not None:
+        gaps["tokenizers"] = (*gaps.get("tokenizers", ()), LITERAL_PAD_GAP)
+    return gaps
+
+
 def _tokens(tokenizer, values) -> tuple:
     if values is None:
         return ()
@@ -101,11 +125,23 @@ def read_framing(preprocessor, tokenizer) -> Framing | None:
     ):
         preprocessor.build(None)
     packer = getattr(preprocessor, "packer", None)
-    if isinstance(packer, StartEndPacker) and hasattr(preprocessor, "generate_preprocess"):
+    generates = hasattr(preprocessor, "generate_preprocess")
+    # A causal LM frames a prompt with its start tokens and no end token,
+    # whichever packer it holds (Gemma 3's is a MultiSegmentPacker).
+    if isinstance(packer, StartEndPacker | MultiSegmentPacker) and generates:
         return Framing(
             source=f"{name}.generate_preprocess",
             start=_tokens(tokenizer, packer.start_value),
             sequence_length=preprocessor.sequence_length,
+            pad_token=_pad_token(tokenizer, packer.pad_value),
+            padding_side=packer.padding_side,
+        )
+    if isinstance(packer, StartEndPacker):  # one segment, framed (ESM's classifier)
+        return Framing(
+            source=name,
+            start=_tokens(tokenizer, packer.start_value),
+            end=_tokens(tokenizer, packer.end_value),
+            sequence_length=packer.sequence_length,
             pad_token=_pad_token(tokenizer, packer.pad_value),
             padding_side=packer.padding_side,
         )
@@ -123,8 +159,9 @@ def read_framing(preprocessor, tokenizer) -> Framing | None:
     held = "no `packer`" if packer is None else f"a {type(packer).__name__} packer"
     raise UsageError(
         f"{name} has {held}; the framing written to tokenizer.json is read from a "
-        "StartEndPacker (causal language models) or a MultiSegmentPacker (classifiers, masked "
-        "language models, embedders): export its `.tokenizer` instead"
+        "StartEndPacker or a MultiSegmentPacker (causal and masked language models, "
+        "classifiers, embedders; a sequence-to-sequence model packs two): export its "
+        "`.tokenizer` instead"
     )
 
 

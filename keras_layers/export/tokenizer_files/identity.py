@@ -18,14 +18,19 @@ Every difference is kept with both sides, in corpus order; the report's
 be asked (onnxruntime-extensions' BERT operator does not decode) is listed
 in `not_checked`, and the gaps the converter expected are listed beside the
 measurements, so a report says both what differs and whether it was known.
+Each difference is then judged (gaps.py): one that no known gap explains is
+`unexplained`, and a report with any, or with a reader that did not load,
+has not `passed`; the export fails on it.
 """
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from keras_layers.export.errors import UsageError
+from keras_layers.export.tokenizer_files import gaps
 from keras_layers.export.tokenizer_files.corpus import STRESS_CORPUS
 from keras_layers.export.tokenizer_files.exporting import convert, resolve
-from keras_layers.export.tokenizer_files.framing import read_framing
+from keras_layers.export.tokenizer_files.framing import known_gaps, read_framing
 from keras_layers.export.tokenizer_files.readers import ReaderUnavailable, readers_for
 
 
@@ -65,6 +70,9 @@ class ReaderIdentity:
         not_checked: what this reader was not asked, and why.
         known_gaps: what the converter expected this reader to read differently.
         error: why the reader could not be loaded, or None.
+        unexplained: the differences no known gap explains (gaps.py).
+        measured_only: whether the reader is another algorithm, reported but
+            not judged (onnxruntime-extensions' BERT operator).
     """
 
     reader: str
@@ -73,11 +81,20 @@ class ReaderIdentity:
     not_checked: tuple = ()
     known_gaps: tuple = ()
     error: str | None = None
+    unexplained: tuple = ()
+    measured_only: bool = False
 
     @property
     def identical(self) -> bool:
         """Whether the reader loaded and matched keras-hub on every comparison."""
         return self.error is None and not self.differences
+
+    @property
+    def passed(self) -> bool:
+        """Whether the reader loaded and every difference is a known gap (a
+        reader that is only measured passes whatever it reads, or if it
+        cannot load)."""
+        return self.measured_only or (self.error is None and not self.unexplained)
 
     @property
     def first(self) -> Difference | None:
@@ -94,9 +111,15 @@ class ReaderIdentity:
             return f"{self.reader}: not loaded: {self.error}"
         if not self.differences:
             return f"{self.reader}: identical on {self.compared} comparisons"
+        if self.unexplained:
+            return (
+                f"{self.reader}: {len(self.unexplained)} of {self.compared} comparisons differ "
+                f"where no known gap explains it; first: {self.unexplained[0].describe()}"
+            )
+        judged = "measured, another algorithm" if self.measured_only else "all known gaps"
         return (
-            f"{self.reader}: {len(self.differences)} of {self.compared} comparisons differ; "
-            f"first: {self.first.describe()}"
+            f"{self.reader}: {len(self.differences)} of {self.compared} comparisons differ "
+            f"({judged}); first: {self.first.describe()}"
         )
 
 
@@ -120,6 +143,31 @@ class IdentityReport:
     def identical(self) -> bool:
         """Whether every reader matched keras-hub everywhere."""
         return all(reader.identical for reader in self.readers)
+
+    @property
+    def passed(self) -> bool:
+        """Whether every reader loaded and differs only where a known gap says."""
+        return all(reader.passed for reader in self.readers)
+
+    def failure(self) -> str:
+        """Why the report has not passed, on one line ("" when it has).
+
+        Returns:
+            The first reader that failed: why it did not load, or its first
+            unexplained difference (the text and both results).
+        """
+        for result in self.readers:
+            if result.passed:
+                continue
+            if result.error is not None:
+                return f"{result.reader} could not read the files: {result.error}"
+            if result.unexplained:
+                return (
+                    f"{result.reader} tokenizes {len(result.unexplained)} of {result.compared} "
+                    f"comparisons otherwise than keras-hub; first: "
+                    f"{result.unexplained[0].describe()}"
+                )
+        return ""
 
     def reader(self, name: str) -> ReaderIdentity:
         """One reader's result.
@@ -153,6 +201,9 @@ class IdentityReport:
                 "not_checked": list(result.not_checked),
                 "known_gaps": list(result.known_gaps),
                 "error": result.error,
+                "unexplained": [vars(difference) for difference in result.unexplained],
+                "measured_only": result.measured_only,
+                "passed": result.passed,
             }
             for result in self.readers
         ]
@@ -161,6 +212,7 @@ class IdentityReport:
             "family": self.family,
             "texts": self.texts,
             "identical": self.identical,
+            "passed": self.passed,
             "readers": readers,
         }
 
@@ -189,14 +241,39 @@ def _keras_decode(tokenizer, ids: list) -> str:
 
 
 def _keras_framed(preprocessor, framing, texts: list) -> list:
-    import keras
+    """keras-hub's framed (ids, mask) rows, as the preprocessor makes them.
 
-    if framing.source.endswith(".generate_preprocess"):
-        output = preprocessor.generate_preprocess(list(texts))
-    else:
-        output = preprocessor(list(texts))
+    A causal LM frames with `generate_preprocess`; a masked LM masks tokens at
+    random when called, so its packer is called on the tokenizer's ids (what
+    its call packs before masking); any other is called. A preprocessor whose
+    output has no `padding_mask` (FNet) gets keras-hub's rule: ids != pad id.
+    """
+    import keras
+    from keras_hub.models import MaskedLMPreprocessor
+
+    name = type(preprocessor).__name__
+    try:
+        if framing.source.endswith(".generate_preprocess"):
+            output = preprocessor.generate_preprocess(list(texts))
+        elif isinstance(preprocessor, MaskedLMPreprocessor):
+            packed = preprocessor.packer(preprocessor.tokenizer(list(texts)))
+            output = {"token_ids": packed[0] if isinstance(packed, tuple) else packed}
+        else:
+            output = preprocessor(list(texts))
+    except Exception as error:  # keras-hub's own failure: it frames no text alone
+        raise UsageError(
+            f"{name} cannot frame a batch of texts alone ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}): export its `.tokenizer` instead"
+        ) from error
+    if not isinstance(output, dict) or "token_ids" not in output:
+        raise UsageError(
+            f"{name} returns no `token_ids` for a batch of texts: export its `.tokenizer` instead"
+        )
     ids = keras.ops.convert_to_numpy(output["token_ids"])
-    mask = keras.ops.convert_to_numpy(output["padding_mask"]).astype(int)
+    if "padding_mask" in output:
+        mask = keras.ops.convert_to_numpy(output["padding_mask"]).astype(int)
+    else:
+        mask = (ids != preprocessor.tokenizer.token_to_id(framing.pad_token)).astype(int)
     return [(row.tolist(), mask_row.tolist()) for row, mask_row in zip(ids, mask, strict=True)]
 
 
@@ -274,18 +351,25 @@ def _framed_differences(reader, keras: _Keras) -> tuple:
         if framing.sequence_length and len(raw) + added > framing.sequence_length:
             truncated += 1
             continue
-        unpadded = [i for i, kept in zip(ids, mask, strict=True) if kept]
+        # Padding cut off by length: a pad token written in the text stays.
+        length = len(raw) + added
+        unpadded = ids[:length] if framing.padding_side == "right" else ids[len(ids) - length :]
         if got_ids != unpadded:
             found.append(Difference("framed", text, unpadded, got_ids))
     return found, truncated
 
 
-def _check_reader(reader_class, folder: Path, converted, keras: _Keras) -> ReaderIdentity:
-    gaps = tuple(converted.known_gaps.get(reader_class.name, ()))
+def _check_reader(
+    reader_class, folder: Path, converted, keras: _Keras, tokenizer
+) -> ReaderIdentity:
+    known = known_gaps(converted.known_gaps, keras.framing).get(reader_class.name, ())
+    measured = gaps.measured_only(known)
     try:
         reader = reader_class(folder, converted.decode_skips_special)
     except ReaderUnavailable as error:
-        return ReaderIdentity(reader_class.name, known_gaps=gaps, error=str(error))
+        return ReaderIdentity(
+            reader_class.name, known_gaps=known, error=str(error), measured_only=measured
+        )
     differences = _encode_differences(reader, keras)
     compared, not_checked = len(keras.texts), []
     decoded = _decode_differences(reader, keras)
@@ -307,7 +391,9 @@ def _check_reader(reader_class, folder: Path, converted, keras: _Keras) -> Reade
         compared=compared,
         differences=tuple(differences),
         not_checked=tuple(not_checked),
-        known_gaps=gaps,
+        known_gaps=known,
+        unexplained=gaps.unexplained(differences, known, tokenizer),
+        measured_only=measured,
     )
 
 
@@ -331,7 +417,8 @@ def check_identity(tokenizer_or_preprocessor, folder, corpus=STRESS_CORPUS) -> I
     keras = _keras_answers(tokenizer, preprocessor, converted, list(corpus))
     folder = Path(folder)
     results = tuple(
-        _check_reader(reader, folder, converted, keras) for reader in readers_for(converted.family)
+        _check_reader(reader, folder, converted, keras, tokenizer)
+        for reader in readers_for(converted.family)
     )
     return IdentityReport(
         folder=folder, family=converted.family, texts=len(keras.texts), readers=results

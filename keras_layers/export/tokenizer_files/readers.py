@@ -31,10 +31,17 @@ class TokenizersReader:
     name = "tokenizers"
 
     def __init__(self, folder: Path, skip_special: bool):
-        from tokenizers import Tokenizer
-
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as error:
+            raise ReaderUnavailable(
+                f"tokenizers is not installed ({error}): pip install 'keras-layers[text]'"
+            ) from error
         path = str(Path(folder) / "tokenizer.json")
-        self._framed = Tokenizer.from_file(path)
+        try:
+            self._framed = Tokenizer.from_file(path)
+        except Exception as error:  # the library's own error type: it refused the file
+            raise ReaderUnavailable(f"tokenizers refused tokenizer.json: {error}") from error
         self._raw = Tokenizer.from_file(path)
         self._raw.no_padding()
         self._raw.no_truncation()
@@ -84,7 +91,10 @@ class ExtensionsReader:
         try:
             from onnxruntime_extensions import pp_api
         except ImportError as error:
-            raise ReaderUnavailable(f"onnxruntime-extensions is not installed ({error})") from error
+            raise ReaderUnavailable(
+                f"onnxruntime-extensions is not installed ({error}): "
+                "pip install 'keras-layers[text]'"
+            ) from error
         self._pp_api = pp_api
         try:
             self._raw = pp_api.Tokenizer(
@@ -142,7 +152,10 @@ class BertOperatorReader:
             import onnxruntime
             from onnxruntime_extensions import get_library_path
         except ImportError as error:
-            raise ReaderUnavailable(f"onnxruntime-extensions is not installed ({error})") from error
+            raise ReaderUnavailable(
+                f"onnxruntime-extensions is not installed ({error}): "
+                "pip install 'keras-layers[text]'"
+            ) from error
         document = json.loads((Path(folder) / "tokenizer.json").read_text(encoding="utf-8"))
         config = json.loads((Path(folder) / "tokenizer_config.json").read_text(encoding="utf-8"))
         options = onnxruntime.SessionOptions()
