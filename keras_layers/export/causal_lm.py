@@ -324,9 +324,20 @@ def _forward_logits(loaded: LoadedModel, decoder: Decoder, ids: np.ndarray) -> n
     return np.asarray(flatten(loaded.model(args, training=False), names)[0])
 
 
-def _keras_greedy(loaded, decoder, prompt, mask, new_tokens) -> np.ndarray:
+def keras_greedy(loaded, decoder, prompt, mask, new_tokens) -> np.ndarray:
     """Greedy tokens from Keras recomputing the sequence at every position,
-    with prompts in lockstep as `generation.generate` runs them."""
+    with prompts in lockstep as `generation.generate` runs them.
+
+    Args:
+        loaded: the loaded model.
+        decoder: its description (`describe`).
+        prompt: ids (batch, length), right-padded.
+        mask: True on each row's prompt tokens.
+        new_tokens: how many tokens each row gains.
+
+    Returns:
+        (batch, length + new_tokens): each row's prompt, then its new tokens.
+    """
     lengths = mask.sum(axis=1)
     tokens = np.zeros((prompt.shape[0], prompt.shape[1] + new_tokens), prompt.dtype)
     tokens[:, : prompt.shape[1]] = np.where(mask, prompt, 0)
@@ -381,7 +392,7 @@ def references(loaded: LoadedModel, decoder: Decoder, on_step=None) -> Reference
     greedy = []
     for prompt_lengths in lengths.greedy:
         ids, mask = _prompt(rng, decoder, prompt_lengths)
-        greedy.append((ids, mask, _keras_greedy(loaded, decoder, ids, mask, steps)))
+        greedy.append((ids, mask, keras_greedy(loaded, decoder, ids, mask, steps)))
         if on_step:
             on_step(len(greedy), len(lengths.greedy) + 1)
     return Reference(prompt, step_tokens, step_logits, greedy)

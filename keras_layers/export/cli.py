@@ -161,9 +161,9 @@ def _add_paths(p: argparse.ArgumentParser, demo_dir: Path) -> None:
     p.add_argument(
         "-o",
         "--output",
-        type=Path,
         metavar="OUT.onnx",
-        help="ONNX file to write (default: MODEL with .onnx)",
+        help="ONNX file to write (default: MODEL with .onnx); with --task causal-lm, FOLDER/ "
+        "(ending in / or an existing folder) writes the folder onnxruntime-genai runs",
     )
     p.add_argument(
         "--report",
@@ -400,16 +400,41 @@ def _export(args, demo_dir: Path, console) -> tuple[dict, float]:
         if model is None:
             model, extra, evaluate = _demo(args, demo_dir, display)
             options = replace(options, extra_report=extra)
-        output = args.output or model.with_suffix(".onnx")
+        output = Path(args.output) if args.output else model.with_suffix(".onnx")
         display.print(f"[bold]Exporting[/] {escape(str(model))} -> {escape(str(output))}")
         start = time.perf_counter()
         if args.preprocessor:
             report = _export_text(args, model, output, options)
+        elif _folder_output(args):
+            report = _export_folder(args, model, output, options)
         else:
             report = export_model(
                 model, output, options, task=args.task, progress=display, evaluate=evaluate
             )
     return report, time.perf_counter() - start
+
+
+def _folder_output(args) -> bool:
+    """Whether `-o` names a folder: the genai folder of `--task causal-lm`."""
+    from keras_layers.export.errors import UsageError
+    from keras_layers.export.genai_folder import is_folder
+
+    if args.output is None or not is_folder(args.output):
+        return False
+    if args.task != "causal-lm":
+        raise UsageError(
+            f"-o {args.output}: a folder is written for --task causal-lm (the folder "
+            "onnxruntime-genai runs); give a file OUT.onnx, or add --task causal-lm"
+        )
+    return True
+
+
+def _export_folder(args, model: Path, folder: Path, options) -> dict:
+    """`--task causal-lm -o FOLDER/`: `genai_folder.export_folder`."""
+    from keras_layers.export.genai_folder import export_folder
+
+    del args
+    return export_folder(model, folder, options)
 
 
 def _check_text_flags(args) -> None:
@@ -470,7 +495,8 @@ def _tokenizer_only(args, demo_dir: Path, console) -> tuple[dict, float]:
     for given, flag, what in refused:
         if given:
             raise UsageError(f"{flag}: not taken with --tokenizer-only; {what}")
-    folder = args.output or args.model.with_name(f"{args.model.stem}_tokenizer")
+    default = args.model.with_name(f"{args.model.stem}_tokenizer")
+    folder = Path(args.output) if args.output else default
     with StageDisplay(console, quiet=args.quiet) as display, command_line_wording(FLAGS, FIXES):
         display.print(
             f"[bold]Writing the tokenizer of[/] {escape(str(args.model))} -> {escape(str(folder))}"
@@ -536,6 +562,16 @@ def _check_only(args, demo_dir: Path, console) -> tuple[dict, float]:
     return report, time.perf_counter() - start
 
 
+def _folder_line(folder: dict) -> str:
+    """The genai folder's checks on one line (rich markup)."""
+    genai = folder["genai"]
+    ran = "no genai (not installed)" if genai is None else f"onnxruntime-genai on {len(genai)}"
+    return (
+        f"[green]folder[/]: {ran} text prompts gives keras-hub's ids, Keras' greedy tokens and "
+        f"keras-hub's text; generate() on {len(folder['generate'])} prompts, alone and batched"
+    )
+
+
 def _print_passed(report: dict, seconds: float, verbose: bool, console) -> None:
     """The checks' table, the files written and (verbose) the fusions declined."""
     from rich.markup import escape
@@ -549,6 +585,8 @@ def _print_passed(report: dict, seconds: float, verbose: bool, console) -> None:
         f"{len(report['checks'])} checks ({seconds:.1f} s). "
         + (f"Report: {escape(written)}" if written else "No file was written.")
     )
+    if "folder" in report:
+        console.print(_folder_line(report["folder"]))
     if "int8" in report:
         console.print(
             f"[green]int8[/]: {escape(report['int8']['onnx_path'])} "

@@ -1,0 +1,471 @@
+"""`--task causal-lm -o FOLDER/`: the folder onnxruntime-genai runs, text in, text out.
+
+People who deploy ONNX language models run them in onnxruntime-genai
+(Python, C#, C++, Java, mobile), which reads a folder: the decoder, a
+`genai_config.json` that names its inputs, outputs and sizes, and the
+tokenizer files. `export_folder` builds that folder as one transaction:
+
+1. load: the causal LM (a keras-hub `CausalLM`, with its preprocessor when
+   it was saved with one), described by `causal_lm.describe`;
+2. export: the cached decoder, `export_model(task="causal-lm")`, with every
+   check that task runs, into a private staging folder beside FOLDER;
+3. tokenizer: the preprocessor's tokenizer files, through the tokenizer gate
+   (`tokenizer_files.export_tokenizer`: proved token-identical or refused);
+4. config: `genai_config.json` (`genai_config`): the decoder's names and
+   sizes, the start, end and pad ids, the context length, and search defaults
+   read from the model's sampler;
+5. prove with the runtime users run (`prove_folder`): with
+   onnxruntime-genai installed, its tokenizer must give keras-hub's prompt ids
+   (start token included: genai adds special tokens only after
+   `tokenizer.update_options(add_special_tokens="true")`, which is how the
+   folder is meant to be used), and its greedy generation on text prompts
+   must give the tokens of Keras recomputing each sequence, and keras-hub's
+   text for them. Without it, the same checks run through
+   `keras_layers.export.generate` and the `tokenizers` library, and the
+   report says genai was not checked. A batch of prompts of different
+   lengths is checked through `generate` only: genai right-pads a batch and
+   the decoder has no `attention_mask` yet, so genai runs one prompt at a
+   time (the report says so);
+6. place: only when everything passed are the files moved into FOLDER, each
+   by an atomic rename under the export's lock (data files first, the config
+   last); other files in FOLDER are left alone. On any failure FOLDER is as
+   it was.
+"""
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from keras_layers.export import causal_lm, generation, loading, placement
+from keras_layers.export.errors import OutputError, UsageError, ValidationFailed, argument
+from keras_layers.export.options import ExportOptions
+from keras_layers.export.pipeline import checked_options, export_model
+from keras_layers.export.tokenizer_files.gate import check_folder, export_tokenizer
+
+MODEL_FILE = "model.onnx"
+CONFIG_FILE = "genai_config.json"
+REPORT_FILE = "report.json"
+# Text prompts of the checks: different lengths, digits, punctuation.
+CHECK_PROMPTS = (
+    "The quick brown fox",
+    "Once upon a time, in a land far away, there lived",
+    "1 2 3",
+)
+NEW_TOKENS = 12
+GENAI_MISSING = "onnxruntime-genai is not installed: pip install 'keras-layers[genai]'"
+
+
+def is_folder(output) -> bool:
+    """Whether an output path names a folder: it ends with a separator or is one.
+
+    Args:
+        output: the `-o` value, as given.
+
+    Returns:
+        True for `FOLDER/` or an existing folder.
+    """
+    text = str(output)
+    return text.endswith(("/", "\\")) or Path(text).is_dir()
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """The ids genai needs: the start token it adds, the end it stops at, the pad."""
+
+    bos: int
+    eos: int
+    pad: int
+
+
+def special_ids(preprocessor, vocabulary: int) -> SpecialIds:
+    """The start, end and pad ids of the preprocessor's tokenizer.
+
+    Args:
+        preprocessor: the causal LM's preprocessor, or None.
+        vocabulary: the decoder's vocabulary size (the ids must lie in it).
+
+    Returns:
+        The ids; without a preprocessor, every one is 0 and the folder has no
+        tokenizer (genai then takes ids, not text).
+
+    Raises:
+        UsageError: the tokenizer has no end token, or an id outside the vocabulary.
+    """
+    if preprocessor is None:
+        return SpecialIds(0, 0, 0)
+    tokenizer = preprocessor.tokenizer
+    end = getattr(tokenizer, "end_token_id", None)
+    if end is None:
+        raise UsageError(
+            f"{type(tokenizer).__name__} has no end token: onnxruntime-genai needs the id it "
+            "stops at (give the tokenizer an end_token)"
+        )
+    start = getattr(tokenizer, "start_token_id", None)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    ids = SpecialIds(
+        int(end if start is None else start), int(end), int(end if pad is None else pad)
+    )
+    for name, value in asdict(ids).items():
+        if not 0 <= value < vocabulary:
+            raise UsageError(
+                f"the tokenizer's {name} id {value} lies outside the decoder's vocabulary of "
+                f"{vocabulary}: the tokenizer and the model do not match"
+            )
+    return ids
+
+
+def _search(model, context_length: int) -> dict:
+    """Search defaults from the model's keras-hub sampler (greedy when none)."""
+    sampler = getattr(model, "sampler", None)
+    name = type(sampler).__name__ if sampler is not None and not isinstance(sampler, str) else ""
+    name = name or str(sampler or "greedy")
+    search = {
+        "do_sample": False,
+        "num_beams": 1,
+        "num_return_sequences": 1,
+        "max_length": int(context_length),
+        "min_length": 0,
+        "past_present_share_buffer": False,
+        "repetition_penalty": 1.0,
+        "temperature": float(getattr(sampler, "temperature", 1.0) or 1.0),
+        "top_k": 1,
+        "top_p": 1.0,
+    }
+    if "TopK" in name or name == "top_k":
+        search.update(do_sample=True, top_k=int(getattr(sampler, "k", 50)))
+    elif "TopP" in name or name == "top_p":
+        search.update(do_sample=True, top_k=0, top_p=float(getattr(sampler, "p", 0.9)))
+    return search
+
+
+def genai_config(decoder, ids: SpecialIds, context_length: int, search: dict) -> dict:
+    """The `genai_config.json` of the folder.
+
+    Args:
+        decoder: the decoder's description (`causal_lm.describe`).
+        ids: the start, end and pad ids.
+        context_length: the longest sequence the folder is run to.
+        search: the search defaults.
+
+    Returns:
+        The document: model type `decoder` (a generic decoder: genai's
+        family-specific types expect inputs this decoder does not have), the
+        names as the export writes them, the sizes, and `search`.
+    """
+    return {
+        "model": {
+            "type": "decoder",
+            "bos_token_id": ids.bos,
+            "eos_token_id": ids.eos,
+            "pad_token_id": ids.pad,
+            "vocab_size": int(decoder.vocabulary),
+            "context_length": int(context_length),
+            "decoder": {
+                "filename": MODEL_FILE,
+                "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+                "head_size": int(decoder.head_size),
+                "hidden_size": int(decoder.heads * decoder.head_size),
+                "num_attention_heads": int(decoder.heads),
+                "num_key_value_heads": int(decoder.heads),
+                "num_hidden_layers": int(decoder.layers),
+                "inputs": {
+                    "input_ids": "input_ids",
+                    "past_key_names": "past_key_values.%d.key",
+                    "past_value_names": "past_key_values.%d.value",
+                },
+                "outputs": {
+                    "logits": "logits",
+                    "present_key_names": "present.%d.key",
+                    "present_value_names": "present.%d.value",
+                },
+            },
+        },
+        "search": search,
+    }
+
+
+@dataclass
+class _Expected:
+    """keras-hub's side of one prompt: its ids and Keras' greedy continuation."""
+
+    prompt: str | None  # None: a prompt of ids (a model without preprocessor)
+    ids: list
+    tokens: list  # prompt ids, then NEW_TOKENS greedy tokens
+    text: str  # keras-hub's text of the new tokens
+
+
+def expectations(loaded, decoder, prompts, new_tokens: int) -> list:
+    """keras-hub's prompt ids and Keras' greedy tokens and text, per prompt.
+
+    Args:
+        loaded: the loaded causal LM, its preprocessor attached.
+        decoder: its description.
+        prompts: text prompts.
+        new_tokens: greedy tokens after each prompt.
+
+    Returns:
+        One `_Expected` per prompt.
+    """
+    preprocessor = getattr(loaded.model, "preprocessor", None)
+    if preprocessor is None:  # ids in, ids out: prompts of ids, no text
+        return _id_expectations(loaded, decoder, new_tokens)
+    expected, end = [], preprocessor.tokenizer.end_token_id
+    for prompt in prompts:
+        packed = preprocessor.generate_preprocess([prompt])
+        mask = np.asarray(packed["padding_mask"][0]).astype(bool)
+        ids = np.asarray(packed["token_ids"][0])[mask].astype(decoder.ids_dtype)
+        tokens = causal_lm.keras_greedy(
+            loaded, decoder, ids[None], np.ones((1, ids.size), bool), new_tokens
+        )[0]
+        text = preprocessor.tokenizer.detokenize(_until_end(tokens[ids.size :].tolist(), end))
+        text = text.numpy() if hasattr(text, "numpy") else text
+        text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+        expected.append(_Expected(prompt, ids.tolist(), tokens.tolist(), text))
+    return expected
+
+
+def _until_end(tokens: list, end: int) -> list:
+    """The new tokens before the first end token: the text a user is given."""
+    return tokens[: tokens.index(end)] if end in tokens else tokens
+
+
+def _id_expectations(loaded, decoder, new_tokens: int) -> list:
+    expected = []
+    for length in (5, 9, 1):
+        ids = (np.arange(1, length + 1) * 7 % decoder.vocabulary).astype(decoder.ids_dtype)
+        mask = np.ones((1, length), bool)
+        tokens = causal_lm.keras_greedy(loaded, decoder, ids[None], mask, new_tokens)[0]
+        expected.append(_Expected(None, ids.tolist(), tokens.tolist(), ""))
+    return expected
+
+
+INVALID_UTF8_GAP = (
+    "onnxruntime-genai's decoder ends the text at the first token sequence that is not valid "
+    "UTF-8, after one U+FFFD; keras-hub replaces each invalid byte and goes on (a trained "
+    "model rarely emits such sequences; random weights often do)"
+)
+
+
+def _invalid_utf8_gap(text: str, expected: str) -> bool:
+    """genai's text is keras-hub's up to and including its first U+FFFD."""
+    cut = expected.find("\ufffd")
+    return cut >= 0 and text == expected[: cut + 1]
+
+
+def _stopped_right(got: list, expected: list, eos: int) -> bool:
+    """The runtime's tokens are Keras' up to where it stopped: the full length, or an end token."""
+    return got == expected[: len(got)] and (len(got) == len(expected) or got[-1:] == [eos])
+
+
+def _genai_row(model, og, item: _Expected, eos: int) -> dict:
+    tokenizer = None
+    ids = item.ids  # a prompt of ids (no preprocessor): nothing to encode
+    if item.prompt is not None:
+        tokenizer = og.Tokenizer(model)
+        tokenizer.update_options(add_special_tokens="true")
+        ids = [int(i) for i in tokenizer.encode(item.prompt)]
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(item.tokens), do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(item.ids)
+    while not generator.is_done():
+        generator.generate_next_token()
+    tokens = [int(i) for i in generator.get_sequence(0)]
+    new = _until_end(tokens[len(item.ids) :], eos)
+    text = tokenizer.decode(new) if new and tokenizer is not None else ""
+    return {
+        "prompt": item.prompt,
+        "ids_equal": ids == item.ids,
+        "tokens_equal": _stopped_right(tokens, item.tokens, eos),
+        "text_equal": text == item.text or _invalid_utf8_gap(text, item.text),
+        "text_gap": text != item.text and _invalid_utf8_gap(text, item.text),
+        "keras": {"ids": item.ids, "tokens": item.tokens, "text": item.text},
+        "genai": {"ids": ids, "tokens": tokens, "text": text},
+    }
+
+
+def _generate_rows(folder: Path, expected: list) -> list:
+    """The same checks through `generation.generate`, alone and batched."""
+    decoder = generation.CachedDecoder(folder / MODEL_FILE)
+    rows = []
+    longest = max(len(item.ids) for item in expected)
+    new = len(expected[0].tokens) - len(expected[0].ids)
+    batch = np.zeros((len(expected), longest), decoder.ids_dtype)
+    mask = np.zeros(batch.shape, bool)
+    for row, item in enumerate(expected):
+        batch[row, : len(item.ids)], mask[row, : len(item.ids)] = item.ids, True
+    together = generation.generate(decoder, batch, new, padding_mask=mask)
+    for row, item in enumerate(expected):
+        alone = generation.generate(decoder, [item.ids], new)[0].tolist()
+        batched = together[row, : len(item.tokens)].tolist()
+        rows.append(
+            {
+                "prompt": item.prompt,
+                "tokens_equal": alone == item.tokens,
+                "batched_equal": batched == item.tokens,
+                "keras": {"tokens": item.tokens},
+                "generate": {"alone": alone, "batched": batched},
+            }
+        )
+    return rows
+
+
+def prove_folder(folder, expected: list, eos: int) -> dict:
+    """Run the folder as users will, on the expected prompts.
+
+    Args:
+        folder: the folder (model, config, tokenizer files).
+        expected: keras-hub's side, per prompt (`expectations`).
+        eos: the end id genai stops at.
+
+    Returns:
+        `{"passed", "genai", "generate", "not_checked"}`: genai's rows, one
+        prompt at a time (or why genai was not run), and `generate`'s rows,
+        alone and batched.
+    """
+    folder = Path(folder)
+    result = {"generate": _generate_rows(folder, expected), "not_checked": [], "known_gaps": []}
+    try:
+        import onnxruntime_genai as og
+    except ImportError:
+        result["genai"] = None
+        result["not_checked"].append(f"genai: {GENAI_MISSING}")
+    else:
+        model = og.Model(str(folder))
+        result["genai"] = [_genai_row(model, og, item, eos) for item in expected]
+        if any(row["text_gap"] for row in result["genai"]):
+            result["known_gaps"] = [INVALID_UTF8_GAP]
+        result["not_checked"].append(
+            "genai with a batch of prompts of different lengths: genai right-pads a batch and "
+            "the decoder takes no attention_mask yet; run one prompt at a time"
+        )
+    result["not_checked"].append(
+        "past_present_share_buffer: the decoder returns a new cache (past, then the new "
+        "tokens) instead of writing into a preallocated one; leave it false"
+    )
+    rows = [*result["generate"], *(result["genai"] or [])]
+    keys = ("ids_equal", "tokens_equal", "text_equal", "batched_equal")
+    result["passed"] = all(row.get(key, True) for row in rows for key in keys)
+    return result
+
+
+def failure(result: dict) -> str:
+    """The first failed check of `prove_folder`'s result, on one line ("" when none).
+
+    Args:
+        result: `prove_folder`'s result.
+
+    Returns:
+        What differs, for which prompt, with both sides.
+    """
+    for row in result["genai"] or []:
+        for key, what in (("ids_equal", "ids"), ("tokens_equal", "tokens"), ("text_equal", "text")):
+            if not row[key]:
+                side = "text" if what == "text" else "ids" if what == "ids" else "tokens"
+                return (
+                    f"onnxruntime-genai's {what} for {row['prompt']!r} differ from keras-hub's: "
+                    f"{row['genai'][side]!r} / {row['keras'][side]!r}"
+                )
+    for row in result["generate"]:
+        for key, side in (("tokens_equal", "alone"), ("batched_equal", "batched")):
+            if not row[key]:
+                return (
+                    f"generate's tokens for {row['prompt']!r} ({side}) differ from Keras' greedy: "
+                    f"{row['generate'][side]} / {row['keras']['tokens']}"
+                )
+    return ""
+
+
+def _checked(options, folder) -> ExportOptions:
+    options = checked_options(options)
+    refused = [
+        (options.report_path is not None, "report_path", "the report is FOLDER/report.json"),
+        (options.quantize is not None, "quantize", "decoders are not quantized yet"),
+        (options.external_data == "always", "external_data", "leave it to auto"),
+    ]
+    for given, name, why in refused:
+        if given:
+            raise UsageError(
+                f"{argument(name, getattr(options, name))}: not taken with a folder output "
+                f"({folder}); {why}"
+            )
+    return options
+
+
+def _placed(report: dict, folder: Path, staged: list) -> list:
+    """The moves into `folder`: data files, the model, the rest, the config last."""
+    report.update(onnx_path=str(folder / MODEL_FILE), report_path=str(folder / REPORT_FILE))
+    ordered = sorted(staged, key=lambda path: (path.name == CONFIG_FILE, path.name))
+    return [(path, folder / path.name) for path in ordered]
+
+
+def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=CHECK_PROMPTS):
+    """Export a causal LM as the folder onnxruntime-genai runs, proved, then placed.
+
+    Args:
+        lm: a keras-hub `CausalLM` (its preprocessor attached for text in and
+            out, or None for ids), or the path of a `.keras` file holding one.
+        folder: the folder to write (created if missing; other files in it
+            are left alone).
+        options: the export's `ExportOptions` (tolerances, opset, ...);
+            `report_path`, `quantize` and `external_data="always"` are refused.
+        prompts: the text prompts of the genai check.
+
+    Returns:
+        The report (also `FOLDER/report.json`): the decoder's export report,
+        with `tokenizer` (the tokenizer gate's) and `folder` (the config and
+        `prove_folder`'s result).
+
+    Raises:
+        UsageError: not a causal LM, an option refused, or a tokenizer that
+            cannot be written or has no end token.
+        OutputError: `folder` cannot hold the files.
+        ValidationFailed: the decoder, the tokenizer files or the folder in
+            genai (or `generate`) differ from Keras; nothing is placed.
+
+    Example:
+
+    >>> import keras_hub
+    >>> from keras_layers.export.genai_folder import export_folder
+    >>> backbone = keras_hub.models.GPT2Backbone(vocabulary_size=64, num_layers=1,
+    ...     num_heads=2, hidden_dim=8, intermediate_dim=16, max_sequence_length=32)
+    >>> lm = keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
+    >>> report = export_folder(lm, tmp / "gpt2")
+    >>> sorted(path.name for path in (tmp / "gpt2").iterdir())
+    ['genai_config.json', 'model.onnx', 'report.json']
+    """
+    folder = check_folder(folder)
+    options = _checked(options, folder)
+    loaded = loading.load(lm, imports=options.imports, unsafe=options.unsafe)
+    decoder = causal_lm.describe(loaded)
+    preprocessor = getattr(loaded.model, "preprocessor", None)
+    ids = special_ids(preprocessor, decoder.vocabulary)
+    context = decoder.max_length or int(getattr(preprocessor, "sequence_length", 0) or 2048)
+    expected = expectations(loaded, decoder, prompts, NEW_TOKENS)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputError(f"{argument('folder', folder)}: {error.strerror or error}") from error
+    with placement.staging_folder(folder) as staging:
+        inner = replace(options, report_path=staging / REPORT_FILE)
+        report = export_model(loaded.model, staging / MODEL_FILE, inner, task="causal-lm")
+        if preprocessor is not None:
+            report["tokenizer"] = export_tokenizer(preprocessor, staging).report()
+        config = genai_config(decoder, ids, context, _search(loaded.model, context))
+        placement.write_json(config, staging / CONFIG_FILE)
+        proof = prove_folder(staging, expected, ids.eos)
+        report["folder"] = {"config": config, "context_length": context, **proof}
+        report["passed"] = report["passed"] and proof["passed"]
+        if not proof["passed"]:
+            raise ValidationFailed(
+                f"the folder does not generate as Keras does: {failure(proof)}. Nothing was "
+                "placed.",
+                report,
+            )
+        moves = _placed(report, folder, [p for p in staging.iterdir() if p.is_file()])
+        placement.write_json(report, staging / REPORT_FILE)
+        folder.mkdir(exist_ok=True)
+        with placement.output_lock(folder / MODEL_FILE):
+            placement.place(moves)
+    return report
