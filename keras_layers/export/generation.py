@@ -23,6 +23,13 @@ compared with what `memory.available_bytes` reports. Each refusal is a
 `ValueError` (or an `ArgumentTypeError`, both a `TypeError` and a
 `ValueError`) naming the argument ("Argument checks" in `docs/generation.md`).
 
+Text in, text out: given the folder `--task causal-lm -o FOLDER/` writes for
+a model saved with its preprocessor, `generate` also takes a string or a list
+of strings. They are encoded with the folder's `tokenizer.json` (the
+`tokenizers` library, start token included, no padding), generation stops at
+the folder's end token (`genai_config.json`), and the new tokens before it are
+returned decoded.
+
 Nothing here imports TensorFlow or Keras: a server that only generates needs
 `onnxruntime` and `numpy` (and `onnx`, imported by the memory check).
 
@@ -560,11 +567,11 @@ def generate(
     (`docs/generation.md`, "Argument checks").
 
     Args:
-        onnx_path: a file `--task causal-lm` wrote, or a `CachedDecoder`
-            (reused across calls).
+        onnx_path: a file `--task causal-lm` wrote, the folder `--task
+            causal-lm -o FOLDER/` wrote, or a `CachedDecoder` (reused across calls).
         token_ids: integer array (batch >= 1, prompt length >= 1); rows shorter
             than the longest are right-padded (any id) and marked by
-            `padding_mask`; prompt ids lie in [0, vocabulary).
+            `padding_mask`; prompt ids lie in [0, vocabulary). Or text (a folder).
         max_new_tokens: how many tokens each row gains, at least 1; the longest
             prompt and its new tokens must fit the model's positions.
         padding_mask: booleans (or 0/1) like `token_ids`, True on prompt tokens
@@ -579,10 +586,10 @@ def generate(
         pad_token_id: written after each row's end, in [0, vocabulary).
 
     Returns:
-        array (batch, prompt length + max_new_tokens) of the model's
+        For ids, an array (batch, prompt length + max_new_tokens) of the model's
         `input_ids` type (int32 or int64): row `i` holds its prompt (its first
         `padding_mask[i].sum()` ids), then its new tokens (up to and including
-        `end_token_id`), then `pad_token_id`.
+        `end_token_id`), then `pad_token_id`. For text: the new text(s).
 
     Raises:
         FileNotFoundError: no file at `onnx_path`.
@@ -601,24 +608,111 @@ def generate(
     >>> int(tokens[1, -1])  # the shorter row ends with padding
     0
     """
+    sampling = {"sampler": sampler, "seed": seed, "top_k": top_k, "top_p": top_p}
+    if _is_text(token_ids):
+        return _generate_text(onnx_path, token_ids, max_new_tokens, temperature, sampling)
+    onnx_path = _model_file(onnx_path)
     _check_path(onnx_path)
     token_ids = _check_ids(token_ids)
     mask = _check_mask(padding_mask, token_ids.shape)
     _check_count(max_new_tokens)
     top_k, top_p, temperature = _check_sampler(sampler, top_k, top_p, temperature)
     _check_seed(seed)
-    _check_token_type("end_token_id", end_token_id, none_allowed=True)
-    _check_token_type("pad_token_id", pad_token_id, none_allowed=False)
-    decoder = onnx_path if isinstance(onnx_path, CachedDecoder) else CachedDecoder(onnx_path)
-    _check_ids_for(decoder, token_ids, mask, end_token_id, pad_token_id)
-    _check_memory(decoder, token_ids.shape, int(max_new_tokens))
-    _check_positions(decoder, mask.sum(axis=1), int(max_new_tokens))
+    decoder = _checked_decoder(
+        onnx_path, token_ids, mask, max_new_tokens, end_token_id, pad_token_id
+    )
     rng = np.random.default_rng(seed)
 
     def pick(logits):
         return next_tokens(logits, sampler, rng, top_k, top_p, temperature)
 
     return _run(decoder, token_ids, mask, int(max_new_tokens), pick, end_token_id, pad_token_id)
+
+
+def _checked_decoder(onnx_path, token_ids, mask, max_new_tokens, end_token_id, pad_token_id):
+    """The decoder, once the special ids, the ids' range, the memory and the
+    positions are checked against it."""
+    _check_token_type("end_token_id", end_token_id, none_allowed=True)
+    _check_token_type("pad_token_id", pad_token_id, none_allowed=False)
+    decoder = onnx_path if isinstance(onnx_path, CachedDecoder) else CachedDecoder(onnx_path)
+    _check_ids_for(decoder, token_ids, mask, end_token_id, pad_token_id)
+    _check_memory(decoder, token_ids.shape, int(max_new_tokens))
+    _check_positions(decoder, mask.sum(axis=1), int(max_new_tokens))
+    return decoder
+
+
+def _is_text(token_ids) -> bool:
+    if isinstance(token_ids, str):
+        return True
+    return (
+        isinstance(token_ids, list | tuple)
+        and bool(token_ids)
+        and all(isinstance(item, str) for item in token_ids)
+    )
+
+
+def _model_file(onnx_path):
+    """A folder's `model.onnx`; any other path or decoder as it is."""
+    if isinstance(onnx_path, str | os.PathLike) and Path(onnx_path).is_dir():
+        return Path(onnx_path) / "model.onnx"
+    return onnx_path
+
+
+def _text_folder(onnx_path) -> Path:
+    """The folder of a text generation: its tokenizer and config must be there."""
+    folder = Path(onnx_path) if isinstance(onnx_path, str | os.PathLike) else None
+    if folder is None or not all(
+        (folder / name).is_file() for name in ("tokenizer.json", "genai_config.json")
+    ):
+        raise ValueError(
+            f"onnx_path={_shown(onnx_path)}: text prompts need the folder `--task causal-lm "
+            "-o FOLDER/` writes for a model saved with its preprocessor (tokenizer.json and "
+            "genai_config.json beside model.onnx); give token ids, or that folder"
+        )
+    return folder
+
+
+def _generate_text(onnx_path, prompts, max_new_tokens, temperature, sampling: dict):
+    """`generate` on text: encode with the folder's tokenizer, generate, decode."""
+    import json
+
+    folder = _text_folder(onnx_path)
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as error:
+        raise ValueError(
+            "text prompts need the tokenizers library: pip install 'keras-layers[text]'"
+        ) from error
+    config = json.loads((folder / "genai_config.json").read_text(encoding="utf-8"))["model"]
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    texts = [prompts] if isinstance(prompts, str) else list(prompts)
+    rows = [tokenizer.encode(text).ids for text in texts]
+    ids = np.zeros((len(rows), max(len(row) for row in rows)), np.int64)
+    mask = np.zeros(ids.shape, bool)
+    for index, row in enumerate(rows):
+        ids[index, : len(row)], mask[index, : len(row)] = row, True
+    if not mask[:, 0].all():
+        empty = texts[int(np.argmin(mask[:, 0]))]
+        raise ValueError(f"token_ids={_shown(empty)}: this prompt encodes to no token")
+    end = int(config["eos_token_id"])
+    tokens = generate(
+        folder / "model.onnx",
+        ids,
+        max_new_tokens,
+        padding_mask=mask,
+        end_token_id=end,
+        pad_token_id=int(config["pad_token_id"]),
+        temperature=temperature,
+        **sampling,
+    )
+    decoded = []
+    for row, prompt in zip(tokens.tolist(), rows, strict=True):
+        new = row[len(prompt) : len(prompt) + int(max_new_tokens)]
+        new = new[: new.index(end)] if end in new else new
+        decoded.append(tokenizer.decode(new, skip_special_tokens=True))
+    return decoded[0] if isinstance(prompts, str) else decoded
 
 
 def _run(decoder, token_ids, mask, max_new_tokens, pick, end_token_id, pad_token_id):

@@ -1,0 +1,266 @@
+"""`--task causal-lm -o FOLDER/`: the folder onnxruntime-genai runs, proved against keras-hub.
+
+Tiny keras-hub causal LMs are saved with their preprocessors (tokenizers
+trained here by tests/zoo_tokenizers.py): GPT-2 (byte-level BPE, learned
+positions), Gemma (SentencePiece, one key/value head, scaled input, tied
+output) and Llama 3 (grouped-query attention, rotary positions). Each is
+exported as a folder; the test then runs the placed folder the way a user
+does, in onnxruntime-genai (`og.Model`, `og.Tokenizer`, a greedy generator
+loop), and compares with keras-hub's own compiled `generate` (the second
+oracle; the export itself compared with Keras recomputing each sequence).
+Then the bad cases: refused flags, a folder that fails its proof (nothing of
+the existing folder changes), and a model without preprocessor (ids in, ids
+out, no tokenizer files).
+"""
+
+import json
+
+import keras
+import keras_hub
+import numpy as np
+import onnxruntime_genai as og
+import pytest
+import zoo_tokenizers
+
+from keras_layers.export import genai_folder, generate
+from keras_layers.export.cli import EXIT_USAGE, main
+from keras_layers.export.errors import UsageError, ValidationFailed
+
+pytestmark = [
+    pytest.mark.tensorflow_only,  # the export pipeline runs on TensorFlow
+    pytest.mark.xdist_group("genai_folder"),  # module fixtures: one worker (loadgroup)
+]
+
+PROMPTS = ["The quick brown fox", "Привет мир, 123", "a"]
+NEW = 10
+FOLDER_FILES = {
+    "model.onnx",
+    "genai_config.json",
+    "report.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+}
+
+
+def _lm(kind: str):
+    """A tiny keras-hub causal LM with its preprocessor, weights drawn from a fixed seed."""
+    keras.utils.set_random_seed(1)
+    tokenizer_class, backbone_class, task_class, preprocessor_class, sizes = {
+        "gpt2": (
+            "GPT2Tokenizer",
+            keras_hub.models.GPT2Backbone,
+            keras_hub.models.GPT2CausalLM,
+            keras_hub.models.GPT2CausalLMPreprocessor,
+            {"num_heads": 2, "max_sequence_length": 64},
+        ),
+        "gemma": (
+            "GemmaTokenizer",
+            keras_hub.models.GemmaBackbone,
+            keras_hub.models.GemmaCausalLM,
+            keras_hub.models.GemmaCausalLMPreprocessor,
+            {"num_query_heads": 2, "num_key_value_heads": 1, "head_dim": 8},
+        ),
+        "llama3": (
+            "Llama3Tokenizer",
+            keras_hub.models.Llama3Backbone,
+            keras_hub.models.Llama3CausalLM,
+            keras_hub.models.Llama3CausalLMPreprocessor,
+            {"num_query_heads": 4, "num_key_value_heads": 2},
+        ),
+    }[kind]
+    tokenizer = zoo_tokenizers.build(tokenizer_class)
+    backbone = backbone_class(
+        vocabulary_size=tokenizer.vocabulary_size(),
+        num_layers=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        **sizes,
+    )
+    preprocessor = preprocessor_class(tokenizer, sequence_length=32)
+    return task_class(backbone, preprocessor=preprocessor)
+
+
+def _keras_hub_greedy(lm, ids: list, new: int) -> list:
+    """keras-hub's own compiled greedy `generate` on ids, never stopping early."""
+    lm.compile(sampler="greedy")
+    length = len(ids) + new
+    packed = {
+        "token_ids": np.array([ids + [0] * new], "int32"),
+        "padding_mask": np.array([[True] * len(ids) + [False] * new]),
+    }
+    out = lm.generate_step(packed, stop_token_ids=None)
+    return np.asarray(out["token_ids"])[0, :length].tolist()
+
+
+def _genai(folder, prompt: str, new: int) -> tuple:
+    """What a user gets from the folder: the prompt's ids and greedy tokens."""
+    model = og.Model(str(folder))
+    tokenizer = og.Tokenizer(model)
+    tokenizer.update_options(add_special_tokens="true")
+    ids = [int(i) for i in tokenizer.encode(prompt)]
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + new, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(ids)
+    while not generator.is_done():
+        generator.generate_next_token()
+    return ids, [int(i) for i in generator.get_sequence(0)]
+
+
+# Every export here takes half a minute or more: the slow tier, which CI runs.
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(kind, marks=pytest.mark.slow) for kind in ("gpt2", "gemma")],
+)
+def exported(request, tmp_path_factory):
+    lm = _lm(request.param)
+    saved = tmp_path_factory.mktemp(request.param) / f"{request.param}.keras"
+    lm.save(saved)
+    folder = saved.parent / "folder"
+    assert main([str(saved), "--task", "causal-lm", "-o", f"{folder}/", "-q"]) == 0
+    return lm, folder
+
+
+def test_the_folder_holds_the_model_its_config_and_tokenizer(exported):
+    lm, folder = exported
+    assert {path.name for path in folder.iterdir()} == FOLDER_FILES
+    config = json.loads((folder / "genai_config.json").read_text())
+    tokenizer = lm.preprocessor.tokenizer
+    assert config["model"]["eos_token_id"] == tokenizer.end_token_id
+    assert config["model"]["vocab_size"] == tokenizer.vocabulary_size()
+    assert config["search"]["past_present_share_buffer"] is False
+    report = json.loads((folder / "report.json").read_text())
+    assert report["passed"] and report["folder"]["passed"]
+    assert report["onnx_path"] == str(folder / "model.onnx")
+    assert report["tokenizer"]["identity"]["passed"]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_genai_runs_the_folder_with_keras_hub_ids_and_tokens(exported, prompt):
+    lm, folder = exported
+    ids, tokens = _genai(folder, prompt, NEW)
+    packed = lm.preprocessor.generate_preprocess([prompt])
+    mask = np.asarray(packed["padding_mask"][0]).astype(bool)
+    assert ids == np.asarray(packed["token_ids"][0])[mask].tolist()
+    expected = _keras_hub_greedy(lm, ids, NEW)
+    end = lm.preprocessor.tokenizer.end_token_id
+    # genai stops at the end token; up to there, every token is keras-hub's.
+    assert tokens == expected[: len(tokens)]
+    assert len(tokens) == len(expected) or tokens[-1] == end
+
+
+def test_generate_takes_the_folder_and_text_and_returns_keras_hub_text(exported):
+    lm, folder = exported
+    tokenizer = lm.preprocessor.tokenizer
+    texts = generate(folder, PROMPTS, NEW)  # a batch of text prompts of different lengths
+    assert generate(folder, PROMPTS[1], NEW) == texts[1]
+    for prompt, text in zip(PROMPTS, texts, strict=True):
+        packed = lm.preprocessor.generate_preprocess([prompt])
+        mask = np.asarray(packed["padding_mask"][0]).astype(bool)
+        ids = np.asarray(packed["token_ids"][0])[mask].tolist()
+        new = _keras_hub_greedy(lm, ids, NEW)[len(ids) :]
+        new = new[: new.index(tokenizer.end_token_id)] if tokenizer.end_token_id in new else new
+        expected = tokenizer.detokenize(new)
+        expected = expected.numpy() if hasattr(expected, "numpy") else expected
+        expected = expected.decode("utf-8", "replace") if isinstance(expected, bytes) else expected
+        if "\ufffd" not in expected:
+            assert text == expected, prompt
+        else:  # random weights emit invalid UTF-8 byte pieces: decoders part ways there
+            cut = expected.index("\ufffd")
+            assert text[:cut] == expected[:cut] and text[cut] == "\ufffd", prompt
+
+
+def test_text_without_a_folder_is_refused_naming_what_is_needed(tmp_path):
+    with pytest.raises(ValueError, match="text prompts need the folder"):
+        generate(tmp_path / "model.onnx", "a prompt", 4)
+    with pytest.raises(ValueError, match="text prompts need the folder"):
+        generate(tmp_path, ["a prompt"], 4)  # a folder without tokenizer files
+
+
+@pytest.mark.slow  # a third export: Llama 3's grouped-query attention and rotary positions
+def test_a_llama3_folder_runs_in_genai_with_keras_hub_tokens(tmp_path):
+    lm = _lm("llama3")
+    report = genai_folder.export_folder(lm, tmp_path / "llama3")
+    assert report["folder"]["genai"] and report["folder"]["passed"]
+    ids, tokens = _genai(tmp_path / "llama3", PROMPTS[0], NEW)
+    assert tokens[: len(tokens)] == _keras_hub_greedy(lm, ids, NEW)[: len(tokens)]
+
+
+@pytest.mark.slow
+def test_a_folder_that_fails_its_proof_places_nothing(tmp_path, monkeypatch):
+    folder = tmp_path / "deploy"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"the user's older model")
+    (folder / "notes.txt").write_text("mine")
+
+    write = genai_folder.genai_config
+
+    def swapped(*args):  # a config that feeds each layer's keys as values, and back
+        config = write(*args)
+        inputs = config["model"]["decoder"]["inputs"]
+        inputs["past_key_names"], inputs["past_value_names"] = (
+            inputs["past_value_names"],
+            inputs["past_key_names"],
+        )
+        return config
+
+    monkeypatch.setattr(genai_folder, "genai_config", swapped)
+    with pytest.raises(ValidationFailed, match="onnxruntime-genai's tokens .* differ") as raised:
+        genai_folder.export_folder(_lm("gpt2"), folder)
+    assert "Nothing was placed" in str(raised.value)
+    assert sorted(p.name for p in folder.iterdir()) == ["model.onnx", "notes.txt"]
+    assert (folder / "model.onnx").read_bytes() == b"the user's older model"
+
+
+@pytest.mark.slow
+def test_a_model_without_preprocessor_gives_a_folder_of_ids(tmp_path):
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=64,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=32,
+    )
+    lm = keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
+    report = genai_folder.export_folder(lm, tmp_path / "ids")
+    names = {path.name for path in (tmp_path / "ids").iterdir()}
+    assert names == {"model.onnx", "genai_config.json", "report.json"}
+    rows = report["folder"]["genai"]
+    assert rows and all(row["tokens_equal"] and row["prompt"] is None for row in rows)
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["-o", "{tmp}/out/"], "a folder is written for --task causal-lm"),
+        (["--task", "causal-lm", "-o", "{tmp}/out/", "--report", "{tmp}/r.json"], "--report"),
+        (["--task", "causal-lm", "-o", "{tmp}/out/", "--quantize", "int8"], "--quantize int8"),
+    ],
+    ids=["forward task", "report elsewhere", "quantize"],
+)
+def test_what_a_folder_does_not_take_exits_2_before_any_work(tmp_path, capsys, flags, words):
+    model = tmp_path / "lm.keras"
+    model.write_bytes(b"not read: the flags are refused first")
+    argv = [str(model), *(flag.format(tmp=tmp_path) for flag in flags)]
+    assert main(argv) == EXIT_USAGE
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_special_ids_outside_the_vocabulary_are_refused():
+    class Tokenizer:
+        start_token_id, end_token_id, pad_token_id = 1, 99, 0
+
+    class Preprocessor:
+        tokenizer = Tokenizer()
+
+    with pytest.raises(UsageError, match="eos id 99 lies outside the decoder's vocabulary of 50"):
+        genai_folder.special_ids(Preprocessor(), 50)
+
+
+def test_a_folder_path_is_told_by_its_slash_or_an_existing_folder(tmp_path):
+    assert genai_folder.is_folder(f"{tmp_path}/new/")
+    assert genai_folder.is_folder(tmp_path)
+    assert not genai_folder.is_folder(tmp_path / "model.onnx")
