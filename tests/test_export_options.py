@@ -217,3 +217,22 @@ def test_an_unknown_task_names_the_registered_ones(tmp_path, recording_task):
         raised.value
     )
     assert parser("x", tmp_path).parse_args(["--task", "causal-lm"]).task == "causal-lm"
+
+
+def test_preprocessor_flags_are_booleans_and_pairs_need_the_preprocessor():
+    with pytest.raises(UsageError, match="preprocessor='yes': give True or False"):
+        ExportOptions(preprocessor="yes")
+    with pytest.raises(UsageError, match="text_pairs=True: only with preprocessor=True"):
+        ExportOptions(text_pairs=True)
+    assert ExportOptions(preprocessor=True, text_pairs=True).text_pairs
+
+
+def test_preprocessor_true_goes_through_export_model_only(tmp_path):
+    from keras_layers.export import export_model, pipeline
+
+    options = ExportOptions(preprocessor=True)
+    with pytest.raises(UsageError, match="preprocessor=True: this stage exports token ids in"):
+        pipeline.export_model("never read.keras", tmp_path / "x.onnx", options)
+    with pytest.raises(UsageError, match="task='causal-lm': preprocessor=True exports"):
+        export_model("never read.keras", tmp_path / "x.onnx", options, task="causal-lm")
+    assert list(tmp_path.iterdir()) == []

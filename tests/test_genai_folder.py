@@ -22,7 +22,7 @@ import onnxruntime_genai as og
 import pytest
 import zoo_tokenizers
 
-from keras_layers.export import genai_folder, generate
+from keras_layers.export import export_model, genai_folder, generate
 from keras_layers.export.cli import EXIT_USAGE, main
 from keras_layers.export.errors import UsageError, ValidationFailed
 
@@ -214,7 +214,7 @@ def test_a_folder_that_fails_its_proof_places_nothing(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_model_without_preprocessor_gives_a_folder_of_ids(tmp_path):
+def test_a_model_without_preprocessor_gives_a_folder_of_ids_through_export_model(tmp_path):
     backbone = keras_hub.models.GPT2Backbone(
         vocabulary_size=64,
         num_layers=1,
@@ -224,7 +224,7 @@ def test_a_model_without_preprocessor_gives_a_folder_of_ids(tmp_path):
         max_sequence_length=32,
     )
     lm = keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
-    report = genai_folder.export_folder(lm, tmp_path / "ids")
+    report = export_model(lm, f"{tmp_path}/ids/", task="causal-lm")  # a folder: ends in /
     names = {path.name for path in (tmp_path / "ids").iterdir()}
     assert names == {"model.onnx", "genai_config.json", "report.json"}
     rows = report["folder"]["genai"]
@@ -234,7 +234,7 @@ def test_a_model_without_preprocessor_gives_a_folder_of_ids(tmp_path):
 @pytest.mark.parametrize(
     "flags, words",
     [
-        (["-o", "{tmp}/out/"], "a folder is written for --task causal-lm"),
+        (["-o", "{tmp}/out/"], "a folder is written only for --task causal-lm"),
         (["--task", "causal-lm", "-o", "{tmp}/out/", "--report", "{tmp}/r.json"], "--report"),
         (["--task", "causal-lm", "-o", "{tmp}/out/", "--quantize", "int8"], "--quantize int8"),
     ],

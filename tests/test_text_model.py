@@ -148,10 +148,12 @@ def _export_with_the_command(task, folder) -> dict:
 
 @pytest.fixture(scope="module")
 def exported(bert, roberta, tmp_path_factory):
-    """The API for two cases, the command for the third."""
+    """The API for two cases (`export_model` with `preprocessor=True`, and
+    `export_text_model` itself), the command for the third."""
     folder = tmp_path_factory.mktemp("text_model")
+    with_preprocessor = ExportOptions(preprocessor=True)
     return {
-        "bert": (bert, False, export_text_model(bert, folder / "bert.onnx")),
+        "bert": (bert, False, export_model(bert, folder / "bert.onnx", with_preprocessor)),
         "bert pairs": (bert, True, _export_with_the_command(bert, folder)),
         "roberta": (roberta, False, export_text_model(roberta, folder / "roberta.onnx")),
     }

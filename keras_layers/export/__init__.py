@@ -26,6 +26,7 @@ if _missing:
 
 TYPE_CHECKING = False  # as in keras_layers/__init__.py: `typing` is not imported
 if TYPE_CHECKING:  # what type checkers and the API docs read
+    from keras_layers.export.api import export_model
     from keras_layers.export.checking import validate
     from keras_layers.export.errors import (
         ConversionError,
@@ -38,7 +39,6 @@ if TYPE_CHECKING:  # what type checkers and the API docs read
     from keras_layers.export.generation import CachedDecoder, generate
     from keras_layers.export.inputs import InputRole
     from keras_layers.export.options import ExportOptions
-    from keras_layers.export.pipeline import export_model
     from keras_layers.export.text_model import export_text_model
     from keras_layers.export.tokenizer_files import (
         IdentityReport,
@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # what type checkers and the API docs read
 _MODULES = {
     "CachedDecoder": "keras_layers.export.generation",
     "generate": "keras_layers.export.generation",
-    "export_model": "keras_layers.export.pipeline",
+    "export_model": "keras_layers.export.api",
     "export_text_model": "keras_layers.export.text_model",
     "validate": "keras_layers.export.checking",
     "ExportOptions": "keras_layers.export.options",

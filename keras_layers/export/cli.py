@@ -40,6 +40,8 @@ FLAGS = {
     "input_roles": "--input",
     "task": "--task",
     "onnx_path": "FILE.onnx",
+    "preprocessor": "--with-preprocessor",
+    "text_pairs": "--text-pairs",
 }
 FIXES = {
     "unsafe": "--unsafe",
@@ -378,9 +380,9 @@ def _export(args, demo_dir: Path, console) -> tuple[dict, float]:
 
     from rich.markup import escape
 
+    from keras_layers.export.api import export_model
     from keras_layers.export.display import StageDisplay
     from keras_layers.export.errors import UsageError, command_line_wording
-    from keras_layers.export.pipeline import export_model
 
     with StageDisplay(console, quiet=args.quiet) as display, command_line_wording(FLAGS, FIXES):
         model, evaluate = args.model, None
@@ -400,41 +402,26 @@ def _export(args, demo_dir: Path, console) -> tuple[dict, float]:
         if model is None:
             model, extra, evaluate = _demo(args, demo_dir, display)
             options = replace(options, extra_report=extra)
-        output = Path(args.output) if args.output else model.with_suffix(".onnx")
+        output = args.output or model.with_suffix(".onnx")  # as given: "FOLDER/" keeps its /
         display.print(f"[bold]Exporting[/] {escape(str(model))} -> {escape(str(output))}")
         start = time.perf_counter()
-        if args.preprocessor:
-            report = _export_text(args, model, output, options)
-        elif _folder_output(args):
-            report = _export_folder(args, model, output, options)
-        else:
-            report = export_model(
-                model, output, options, task=args.task, progress=display, evaluate=evaluate
-            )
+        _check_folder_output(args)
+        report = export_model(
+            model, output, options, task=args.task, progress=display, evaluate=evaluate
+        )
     return report, time.perf_counter() - start
 
 
-def _folder_output(args) -> bool:
-    """Whether `-o` names a folder: the genai folder of `--task causal-lm`."""
+def _check_folder_output(args) -> None:
+    """A folder `-o` is the genai folder of `--task causal-lm`; refuse it otherwise."""
     from keras_layers.export.errors import UsageError
     from keras_layers.export.genai_folder import is_folder
 
-    if args.output is None or not is_folder(args.output):
-        return False
-    if args.task != "causal-lm":
+    if args.output is not None and is_folder(args.output) and args.task != "causal-lm":
         raise UsageError(
-            f"-o {args.output}: a folder is written for --task causal-lm (the folder "
-            "onnxruntime-genai runs); give a file OUT.onnx, or add --task causal-lm"
+            f"-o {args.output}: is a directory; a folder is written only for --task causal-lm "
+            "(the folder onnxruntime-genai runs): give a file OUT.onnx, or add --task causal-lm"
         )
-    return True
-
-
-def _export_folder(args, model: Path, folder: Path, options) -> dict:
-    """`--task causal-lm -o FOLDER/`: `genai_folder.export_folder`."""
-    from keras_layers.export.genai_folder import export_folder
-
-    del args
-    return export_folder(model, folder, options)
 
 
 def _check_text_flags(args) -> None:
@@ -453,13 +440,6 @@ def _check_text_flags(args) -> None:
     for given, flag, what in refused:
         if given:
             raise UsageError(f"{flag}: not taken with --with-preprocessor; {what}")
-
-
-def _export_text(args, model: Path, output: Path, options) -> dict:
-    """`--with-preprocessor`: `text_model.export_text_model`."""
-    from keras_layers.export.text_model import export_text_model
-
-    return export_text_model(model, output, options, pairs=args.text_pairs)
 
 
 def _command(args):

@@ -61,6 +61,10 @@ class ExportOptions:
         memory_check: refuse, before any work, an export whose estimated peak
             memory exceeds what the machine has available (`memory.check_fits`).
         extra_report: entries added to the report as they are.
+        preprocessor: export a keras-hub text task with its preprocessor as
+            one file that takes strings (`keras_layers.export.export_model`
+            hands it to `text_model.export_text_model`).
+        text_pairs: with `preprocessor`, a second string input, `text_pair`.
 
     Raises:
         UsageError: a setting is out of range or malformed (on creation).
@@ -85,6 +89,8 @@ class ExportOptions:
     input_roles: Mapping[str, InputRole] = field(default_factory=dict)
     memory_check: bool = True
     extra_report: Mapping | None = None
+    preprocessor: bool = False
+    text_pairs: bool = False
 
     def __post_init__(self) -> None:
         _set = object.__setattr__  # the one place a frozen field is normalised
@@ -102,6 +108,14 @@ class ExportOptions:
         imports = (self.imports,) if isinstance(self.imports, str) else tuple(self.imports)
         _set(self, "imports", imports)
         _set(self, "input_roles", _input_roles(self.input_roles))
+        for name in ("preprocessor", "text_pairs"):
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"{argument(name, getattr(self, name))}: give True or False")
+        if self.text_pairs and not self.preprocessor:
+            raise UsageError(
+                f"{argument('text_pairs', True)}: only with preprocessor=True; add it, or leave "
+                "this out"
+            )
 
 
 def _tolerance(name: str, value) -> float:

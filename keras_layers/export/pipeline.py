@@ -276,6 +276,11 @@ def _before_any_work(model, output: Path, options: ExportOptions, task: str):
     """The task (which refuses the options it cannot honour) and the output
     paths (`placement.check_targets`), and whether the export fits in memory
     (`memory.check_fits`): every check that needs no loaded model."""
+    if options.preprocessor:
+        raise UsageError(
+            f"{argument('preprocessor', True)}: this stage exports token ids in; call "
+            "keras_layers.export.export_model, which hands the export to export_text_model"
+        )
     exporter = tasks.lookup(task)
     exporter.check(options)
     targets = placement.Targets(

@@ -636,6 +636,18 @@ def _text_report(report: dict, targets, plan: TextPlan, validation: TextValidati
     return report
 
 
+def _ids_options(options: ExportOptions, folder: Path, shapes: list) -> ExportOptions:
+    """The options of the model's own export (token ids in), in the staging folder."""
+    return replace(
+        options,
+        report_path=folder / "ids.report.json",
+        external_data="never",
+        shapes=shapes,
+        preprocessor=False,
+        text_pairs=False,
+    )
+
+
 def export_text_model(
     task_model, output, options: ExportOptions | None = None, *, pairs: bool = False, texts=()
 ) -> dict:
@@ -685,9 +697,7 @@ def export_text_model(
     placement.check_targets(targets, None)
     shapes = options.shapes or [(1, plan.sequence_length), (2, plan.sequence_length), "padded"]
     with placement.staging_folder(output) as folder:
-        inner = replace(
-            options, report_path=folder / "ids.report.json", external_data="never", shapes=shapes
-        )
+        inner = _ids_options(options, folder, shapes)
         try:
             report = export_model(task_model, folder / "ids.onnx", inner)
         except ValidationFailed as error:

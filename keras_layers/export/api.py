@@ -1,0 +1,67 @@
+"""`keras_layers.export.export_model`: one entry for every kind of export.
+
+The stages of each kind live in their own module; this one only picks:
+
+- `ExportOptions(preprocessor=True)`: a keras-hub text task with its
+  preprocessor, strings in (`text_model.export_text_model`);
+- `task="causal-lm"` with a folder output (`"FOLDER/"`, or an existing
+  folder): the folder onnxruntime-genai runs (`genai_folder.export_folder`);
+- anything else: the pipeline (`pipeline.export_model`), a file with token
+  ids in.
+"""
+
+from collections.abc import Callable
+
+from keras_layers.export import genai_folder, pipeline, text_model
+from keras_layers.export.errors import UsageError, argument
+from keras_layers.export.options import ExportOptions
+
+
+def export_model(
+    model,
+    output,
+    options: ExportOptions | None = None,
+    *,
+    task: str = "forward",
+    progress: pipeline.Progress | None = None,
+    evaluate: Callable | None = None,
+) -> dict:
+    """Export a Keras model to ONNX and prove in ONNX Runtime that it matches.
+
+    Args:
+        model: a `keras.Model` in memory, or the path of a `.keras` file.
+        output: the ONNX file to write; with `task="causal-lm"`, a folder
+            (`"FOLDER/"` or an existing folder) writes the folder
+            onnxruntime-genai runs.
+        options: an `ExportOptions` (default: every default);
+            `preprocessor=True` exports a keras-hub text task with its
+            preprocessor as one file that takes strings.
+        task: `"forward"` or `"causal-lm"` (`pipeline.export_model` says what each
+            exports and checks).
+        progress: called with a `pipeline.StageEvent` as each stage starts and
+            ends (the pipeline's exports).
+        evaluate: a task-level check of the int8 file (`ExportOptions.quantize`).
+
+    Returns:
+        The report (a JSON-ready dict, also written beside the output, or in
+        the folder): `passed`, `onnx_path`, `checks`, ...
+
+    Raises:
+        UsageError: a bad argument or input (exit code 2 on the command line).
+        ConversionError: tf2onnx cannot convert the model.
+        ValidationFailed: ONNX Runtime (or onnxruntime-genai) and Keras
+            disagree; nothing at the output paths was changed.
+    """
+    options = pipeline.checked_options(options)
+    if options.preprocessor:
+        if task != "forward":
+            raise UsageError(
+                f"{argument('task', task)}: preprocessor=True exports the forward pass of a "
+                "text task; leave task out"
+            )
+        return text_model.export_text_model(model, output, options, pairs=options.text_pairs)
+    if task == "causal-lm" and genai_folder.is_folder(output):
+        return genai_folder.export_folder(model, output, options)
+    return pipeline.export_model(
+        model, output, options, task=task, progress=progress, evaluate=evaluate
+    )
