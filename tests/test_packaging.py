@@ -53,7 +53,7 @@ def test_no_top_level_export_package_is_installed(tmp_path):
     )
     result = run([sys.executable, "-c", code], tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["theirs", "keras_layers.export.pipeline"]
+    assert result.stdout.split() == ["theirs", "keras_layers.export.api"]
     alone = run([sys.executable, "-c", "import export"], ROOT / "tests")
     assert alone.returncode == 1 and "ModuleNotFoundError" in alone.stderr
 
