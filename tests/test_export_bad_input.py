@@ -201,6 +201,8 @@ CASES = {
         ["cannot create"],
     ),
     "output is a directory": (lambda d, g: [g, "-o", d], ["is a directory"]),
+    "output is empty": (lambda d, g: [g, "-o", ""], ["-o ''", "empty path"]),
+    "output holds a NUL": (lambda d, g: [g, "-o", "a\x00b.onnx"], ["NUL character"]),
     "unimportable --import": (
         lambda d, g: [g, "--import", "no_such_module_xyz"],
         ["--import no_such_module_xyz"],

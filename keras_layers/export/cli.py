@@ -417,6 +417,8 @@ def _check_folder_output(args) -> None:
     from keras_layers.export.errors import UsageError
     from keras_layers.export.genai_folder import is_folder
 
+    if args.output == "":
+        raise UsageError("-o '': an empty path; give a file OUT.onnx (or FOLDER/ for a decoder)")
     if args.output is not None and is_folder(args.output) and args.task != "causal-lm":
         raise UsageError(
             f"-o {args.output}: is a directory; a folder is written only for --task causal-lm "
@@ -471,6 +473,7 @@ def _tokenizer_only(args, demo_dir: Path, console) -> tuple[dict, float]:
         (args.quantize is not None, f"--quantize {args.quantize}", "leave --quantize out"),
         (args.task != "forward", f"--task {args.task}", "leave --task out"),
         (args.onnx_path is not None, f"FILE.onnx {args.onnx_path}", "leave it out"),
+        (args.output == "", "-o ''", "an empty path: give a folder"),
     ]
     for given, flag, what in refused:
         if given:

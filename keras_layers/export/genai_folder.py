@@ -66,7 +66,10 @@ def is_folder(output) -> bool:
         True for `FOLDER/` or an existing folder.
     """
     text = str(output)
-    return text.endswith(("/", "\\")) or Path(text).is_dir()
+    try:
+        return text.endswith(("/", "\\")) or Path(text).is_dir()
+    except (OSError, ValueError):  # a name no file can have: the export says why
+        return False
 
 
 @dataclass(frozen=True)

@@ -188,6 +188,9 @@ def check_targets(targets: Targets, source: Path | None) -> None:
     Raises:
         OutputError: a path cannot be written, or two of them are one file.
     """
+    for name, path in (("output", targets.onnx), ("report_path", targets.report)):
+        if "\x00" in str(path):
+            raise OutputError(f"{argument(name, path)}: a path cannot hold a NUL character")
     _check_writable_file(targets.onnx, "output")
     _check_writable_file(targets.report, "report_path")
     lock = lock_path(targets.onnx)
