@@ -388,12 +388,11 @@ def failure(result: dict) -> str:
     if "genai_error" in result:
         return f"onnxruntime-genai refused the folder: {result['genai_error']}"
     for row in result["genai"] or []:
-        for key, what in (("ids_equal", "ids"), ("tokens_equal", "tokens"), ("text_equal", "text")):
-            if not row[key]:
-                side = "text" if what == "text" else "ids" if what == "ids" else "tokens"
+        for what in ("ids", "tokens", "text"):
+            if not row[f"{what}_equal"]:
                 return (
                     f"onnxruntime-genai's {what} for {row['prompt']!r} differ from keras-hub's: "
-                    f"{row['genai'][side]!r} / {row['keras'][side]!r}"
+                    f"{row['genai'][what]!r} / {row['keras'][what]!r}"
                 )
     for row in result["generate"]:
         for key, side in (("tokens_equal", "alone"), ("batched_equal", "batched")):
