@@ -24,9 +24,10 @@ from keras_layers.export import (
     causal_lm,
     export_model,
     generate,
+    generation,
 )
 from keras_layers.export.generation import CachedDecoder
-from tests import zoo_models
+from tests import mutants, zoo_models
 
 pytestmark = [
     pytest.mark.tensorflow_only,  # the export pipeline runs on TensorFlow
@@ -98,11 +99,20 @@ def test_a_keras_hub_decoder_exports_with_its_cache_and_passes_every_check(expor
     labels = [check["shape"] for check in report["checks"]]
     assert labels[0].startswith("prompt ")
     assert labels[1].startswith(f"decode steps 1-{causal_lm.DECODE_STEPS} ")
-    assert [label.split()[0] for label in labels[2:]] == ["greedy"] * 2
+    # Each greedy batch in lockstep, then right- and left-padded with a mask:
+    # the tokens, and the logits that chose them against each row alone.
+    assert [label.split()[0] for label in labels[2:]] == ["greedy"] * 10
+    padded = [(c["shape"].split(", ")[-1], c["output"]) for c in report["checks"][3:7]]
+    assert padded == [
+        (f"{side}-padded with attention_mask", output)
+        for side in ("right", "left")
+        for output in ("greedy tokens", "logits")
+    ]
     names = [entry["name"] for entry in report["inputs"]]
-    assert names[0] == "input_ids"
-    assert names[1:] == causal_lm.Decoder(2, 1, 1, "float32", VOCAB).cache_names("past_key_values")
-    assert report["inputs"][1]["shape"][2] == "past_sequence"
+    assert names[:3] == ["input_ids", "attention_mask", "position_ids"]
+    assert names[3:] == causal_lm.Decoder(2, 1, 1, "float32", VOCAB).cache_names("past_key_values")
+    assert report["inputs"][1]["shape"] == ["batch", "total_sequence"]
+    assert report["inputs"][3]["shape"][2] == "past_sequence"
     assert report["outputs"][1]["shape"][2] == "total_sequence"
     # Each layer's cache is picked out of keras-hub's stacked cache without a copy.
     assert report["graph"]["stack_picks_folded"] >= 2
@@ -144,6 +154,46 @@ def test_generated_tokens_are_keras_hubs_own_greedy_tokens(exported):
         end = length + NEW_TOKENS  # keras-hub also fills a shorter row further
         np.testing.assert_array_equal(ours[row, :end], theirs[row, :end])
         assert (ours[row, end:] == 0).all()
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_padded_batch_generates_each_prompt_as_keras_hub_does_alone(exported, side):
+    """onnxruntime-genai's way (and Hugging Face's): the padded batch in one
+    call with `attention_mask` and `position_ids`, genai padding on the right,
+    Hugging Face on the left. Each row must be keras-hub's compiled generate
+    on that prompt alone, no padding anywhere."""
+    model, path, _ = exported
+    ids, mask = prompts()
+
+    ours = generation.padded_greedy(CachedDecoder(path), ids, mask, NEW_TOKENS, side)
+
+    for row, length in enumerate(PROMPT_LENGTHS):
+        alone = ids[row : row + 1, :length]
+        theirs = keras_hub_greedy(model, alone, np.ones_like(alone, bool), NEW_TOKENS)
+        np.testing.assert_array_equal(ours[row, : length + NEW_TOKENS], theirs[0])
+
+
+def _ignoring_the_mask(path, output):
+    """The decoder with its attention_mask neutral in every attention, the
+    causal term kept (tests/mutants.py)."""
+    mutant = mutants.BY_NAME["mask_ignored"].apply(onnx.load(path))
+    return mutants.save(mutant, output, path)
+
+
+def test_a_decoder_that_ignores_its_attention_mask_fails_the_padded_checks(exported, tmp_path):
+    """Prove the proof: the same decoder, its mask replaced by ones, still
+    generates in lockstep (no padding there) and must fail every padded
+    batch of different lengths."""
+    model, path, _ = exported
+    loaded = _loaded(model)
+    reference = causal_lm.references(loaded, causal_lm.describe(loaded))
+    broken = _ignoring_the_mask(path, tmp_path / "ignoring.onnx")
+
+    checks = causal_lm.validate(reference, broken, 1e-4, 1e-3).checks
+
+    failed = {check.shape for check in checks if not check.passed}
+    sides = [f"4x(5,9,2,12)+32, {side}-padded with attention_mask" for side in ("right", "left")]
+    assert failed == {f"greedy {label}" for label in sides}, failed
 
 
 def test_the_cache_grows_by_the_tokens_fed_and_matches_keras_cached_call(exported):
@@ -291,7 +341,7 @@ def test_a_decoder_of_12_positions_exports_with_shorter_checks(tmp_path):
     report = export_model(model, path, task="causal-lm")
 
     assert report["passed"]
-    assert [check["shape"] for check in report["checks"]] == [
+    assert [check["shape"] for check in report["checks"] if "padded" not in check["shape"]] == [
         "prompt 4x6",
         "decode steps 1-6 (4x7 to 4x12)",
         "greedy 1x(6)+6",
@@ -478,6 +528,16 @@ REFUSED = {
     "RWKV7CausalLM": "recurrent state, no key/value cache",
 }
 CAUSAL_LMS = [m.name for m in zoo_models.candidates() if m.name.endswith("CausalLM")]
+# Exported without attention_mask and position_ids (lockstep only), and why.
+LOCKSTEP_ONLY = {
+    "BloomCausalLM": "ALiBi: positions not computed by keras-hub's position layers",
+    "FalconCausalLM": "ALiBi: positions not computed by keras-hub's position layers",
+    "GPTNeoXCausalLM": "rotary from the sequence itself, no cache index",
+    "GptOssCausalLM": "sliding window in cache slots",
+    "MistralCausalLM": "sliding window in cache slots",
+    "MixtralCausalLM": "sliding window in cache slots",
+    "Qwen3CausalLM": "sliding window in cache slots",
+}
 
 
 @pytest.mark.zoo
@@ -497,7 +557,10 @@ def test_every_keras_hub_causal_lm_generates_as_keras_or_is_refused(name, tmp_pa
             export_model(model, output, task="causal-lm")
         assert caught.value.exit_code == 2, caught.value
         return
-    assert export_model(model, output, task="causal-lm")["passed"]
+    report = export_model(model, output, task="causal-lm")
+    assert report["passed"]
+    names = {entry["name"] for entry in report["inputs"]}
+    assert ("attention_mask" in names) == (name not in LOCKSTEP_ONLY), LOCKSTEP_ONLY.get(name)
     ids, mask = prompts((5, 2, 7), seed=4)
     ids = ids % zoo_models.VOCAB
     ids[~mask] = 0

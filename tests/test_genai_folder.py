@@ -14,15 +14,18 @@ out, no tokenizer files).
 """
 
 import json
+import shutil
 
 import keras
 import keras_hub
+import mutants
 import numpy as np
+import onnx
 import onnxruntime_genai as og
 import pytest
 import zoo_tokenizers
 
-from keras_layers.export import export_model, genai_folder, generate
+from keras_layers.export import causal_lm, export_model, genai_folder, generate, loading
 from keras_layers.export.cli import EXIT_USAGE, main
 from keras_layers.export.errors import UsageError, ValidationFailed
 
@@ -150,6 +153,65 @@ def test_genai_runs_the_folder_with_keras_hub_ids_and_tokens(exported, prompt):
     assert len(tokens) == len(expected) or tokens[-1] == end
 
 
+def _genai_batch(folder, prompts: list, new: int) -> list:
+    """genai on the prompts in one batch, padded by its own tokenizer: each
+    row's new tokens, read one step at a time (`get_next_tokens`), not from
+    the sequences the export's own check slices."""
+    model = og.Model(str(folder))
+    tokenizer = og.Tokenizer(model)
+    tokenizer.update_options(add_special_tokens="true")
+    batch = tokenizer.encode_batch(prompts).as_numpy()
+    params = og.GeneratorParams(model)
+    params.set_search_options(
+        max_length=batch.shape[1] + new, do_sample=False, batch_size=len(prompts)
+    )
+    generator = og.Generator(model, params)
+    generator.append_tokens(batch)
+    rows = [[] for _ in prompts]
+    while not generator.is_done():
+        generator.generate_next_token()
+        for row, token in zip(rows, generator.get_next_tokens(), strict=True):
+            row.append(int(token))
+    return rows
+
+
+def test_genai_runs_prompts_of_different_lengths_in_one_batch_as_each_alone(exported):
+    """genai pads the batch and feeds `attention_mask` and `position_ids`:
+    each row's new tokens must be keras-hub's compiled generate on that
+    prompt alone."""
+    lm, folder = exported
+    config = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
+    assert {"attention_mask", "position_ids"} <= set(config["inputs"])
+    end = lm.preprocessor.tokenizer.end_token_id
+    for prompt, tokens in zip(PROMPTS, _genai_batch(folder, PROMPTS, NEW), strict=True):
+        packed = lm.preprocessor.generate_preprocess([prompt])
+        mask = np.asarray(packed["padding_mask"][0]).astype(bool)
+        ids = np.asarray(packed["token_ids"][0])[mask].tolist()
+        expected = _keras_hub_greedy(lm, ids, NEW)[len(ids) :]
+        stop = tokens.index(end) + 1 if end in tokens else len(tokens)
+        assert tokens[:stop] == expected[:stop], prompt
+
+
+def test_a_decoder_that_ignores_its_mask_fails_the_batched_genai_check(exported, tmp_path):
+    """Prove the proof: the folder with its decoder's attention_mask made
+    neutral (tests/mutants.py) still runs one prompt at a time, and must
+    fail the batch in genai."""
+    lm, folder = exported
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    mutant = mutants.BY_NAME["mask_ignored"].apply(onnx.load(folder / "model.onnx"))
+    mutants.save(mutant, broken / "model.onnx", folder / "model.onnx")
+    loaded = loading.load(lm)
+    decoder = causal_lm.describe(loaded)
+    expected = genai_folder.expectations(loaded, decoder, PROMPTS, NEW, 32)
+
+    result = genai_folder.prove_folder(broken, expected, lm.preprocessor.tokenizer.end_token_id)
+
+    assert all(row["tokens_equal"] for row in result["genai"])
+    assert not result["passed"]
+    assert "in a batch of prompts" in genai_folder.failure(result)
+
+
 def test_generate_takes_the_folder_and_text_and_returns_keras_hub_text(exported):
     lm, folder = exported
     tokenizer = lm.preprocessor.tokenizer
@@ -183,6 +245,8 @@ def test_a_llama3_folder_runs_in_genai_with_keras_hub_tokens(tmp_path):
     lm = _lm("llama3")
     report = genai_folder.export_folder(lm, tmp_path / "llama3")
     assert report["folder"]["genai"] and report["folder"]["passed"]
+    batched = report["folder"]["genai_batched"]
+    assert len(batched) >= 2 and all(row["batched_equal"] for row in batched)
     ids, tokens = _genai(tmp_path / "llama3", PROMPTS[0], NEW)
     assert tokens[: len(tokens)] == _keras_hub_greedy(lm, ids, NEW)[: len(tokens)]
 

@@ -144,20 +144,43 @@ def test_angles_whose_halves_differ_are_left_alone_and_say_why(tmp_path):
     np.testing.assert_allclose(run(path, {"token_ids": ids}), model(ids), rtol=0, atol=2e-5)
 
 
-def test_per_row_positions_are_left_alone_and_say_why(tmp_path):
+def test_per_row_positions_are_fused_with_their_positions_as_the_ops_input(tmp_path):
+    """keras-hub's layer given `position_ids` (batch, sequence), as a decoder
+    with a padded batch is traced: the op reads each row's positions from a
+    table up to the largest of them."""
     import keras_hub
 
     model = model_around(keras_hub.layers.RotaryEmbedding(), with_positions=True)
     path = tmp_path / "positions.onnx"
     report = export_model(model, path, ExportOptions(shapes=SHAPES))
+    assert report["passed"] and report["graph"]["fused"]["RotaryEmbedding"] == 1
+    assert "Neg" not in ops_of(path) and "RotaryEmbedding" not in report["graph"]["declined"]
+    ids = np.random.default_rng(2).integers(0, VOCAB, (2, 6)).astype(np.int32)
+    for positions in ([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12]], [[3, 3, 0, 1, 2, 900]] * 2):
+        positions = np.array(positions, np.int32)
+        expected = rotate(embedded(model, ids), positions)
+        got = run(path, {"token_ids": ids, "position_ids": positions}).reshape(expected.shape)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=5e-5)
+
+
+def test_per_row_positions_of_floats_are_left_alone_and_say_why(tmp_path):
+    """The op's positions are integers: angles from float positions are not
+    what it computes, and stay as traced."""
+    import keras_hub
+
+    keras.utils.set_random_seed(0)
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    positions = keras.Input((None,), dtype="float32", name="position_ids")
+    x = keras.layers.Reshape((-1, HEADS, SIZE))(keras.layers.Embedding(VOCAB, HEADS * SIZE)(ids))
+    x = keras_hub.layers.RotaryEmbedding()(x, positions=positions)
+    model = keras.Model([ids, positions], keras.layers.Reshape((-1, HEADS * SIZE))(x))
+    path = tmp_path / "float_positions.onnx"
+    report = export_model(model, path, ExportOptions(shapes=SHAPES))
     assert report["passed"] and report["graph"]["fused"]["RotaryEmbedding"] == 0
     reasons = report["graph"]["declined"]["RotaryEmbedding"]
-    assert reasons == {"the angles are not (1, sequence, 1, head size) for x's sequence": 1}
-    ids = np.random.default_rng(2).integers(0, VOCAB, (2, 6)).astype(np.int32)
-    positions = np.array([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12]], np.int32)
-    expected = rotate(embedded(model, ids), positions)
-    got = run(path, {"token_ids": ids, "position_ids": positions}).reshape(expected.shape)
-    np.testing.assert_allclose(got, expected, rtol=0, atol=2e-5)
+    assert reasons == {
+        "each row's angles are not its integer positions times constant frequencies": 1
+    }
 
 
 class EsmRotation(keras.layers.Layer):

@@ -24,7 +24,7 @@ them as the pipeline's stages.
 """
 
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,8 +36,8 @@ from keras_layers.export.errors import UsageError, one_line
 from keras_layers.export.loading import LoadedModel, TensorInfo, flatten
 from keras_layers.export.tracing import TracedModel, trace_call
 
-# The cache inputs' sequence axis: the slim stage reads it to tell a decoder
-# with a cache (`slimming.slim`).
+# The inputs of a padded batch, as onnxruntime-genai and optimum name them.
+PADDING_INPUTS = ("attention_mask", "position_ids")
 # Validation: decode steps after the prompt, checked logit by logit against
 # Keras' own cached call, and as many greedy tokens compared with Keras
 # recomputing the whole sequence at every step.
@@ -57,6 +57,8 @@ class Decoder:
     vocabulary: int
     ids_dtype: str = "int32"
     max_length: int | None = None
+    # `attention_mask` and `position_ids` inputs (`padding_inputs`).
+    padded: bool = False
     # The model's own inputs and outputs, for recomputing whole sequences.
     forward_inputs: list = field(default_factory=list)
     forward_outputs: list = field(default_factory=list)
@@ -75,8 +77,12 @@ class Decoder:
     def inputs(self) -> list:
         ids = TensorInfo("input_ids", (None, None), self.ids_dtype, role="ids")
         ids.axes = ("batch", "sequence")
+        extra = []
+        if self.padded:
+            extra = [TensorInfo(name, (None, None), "int64") for name in PADDING_INPUTS]
+            extra[0].axes, extra[1].axes = ("batch", "total_sequence"), ("batch", "sequence")
         names = self.cache_names("past_key_values")
-        return [ids] + [self._cache_info(name, PAST_AXIS) for name in names]
+        return [ids, *extra] + [self._cache_info(name, PAST_AXIS) for name in names]
 
     def outputs(self) -> list:
         logits = TensorInfo("logits", (None, None, self.vocabulary), self.dtype)
@@ -108,9 +114,11 @@ def describe(loaded: LoadedModel) -> Decoder:
         if not callable(getattr(model, method, None)):
             raise _refuse(model, f"has no `{method}` method")
     ids = ops.ones((1, 2), "int32")
+    uses = {"mask": 0, "positions": 0}
     try:
         _, cache = model._build_cache(ids)
-        logits = model.call_with_cache(ids, cache, 0)[0]
+        with padding_inputs(ops.ones((1, 2), "int32"), ops.arange(2)[None], uses):
+            logits = model.call_with_cache(ids, cache, 0)[0]
     except Exception as error:  # noqa: BLE001 - the model's own failure, named
         detail = one_line(f"{type(error).__name__}: {error}", 200)
         raise _refuse(model, f"fails on a 2-token prompt ({detail})") from error
@@ -126,8 +134,35 @@ def describe(loaded: LoadedModel) -> Decoder:
         vocabulary=int(logits.shape[-1]),
         ids_dtype=ids_dtypes[0] if ids_dtypes else "int32",
         max_length=loaded.max_length,
+        padded=_takes_padding(model, uses),
         forward_inputs=list(loaded.inputs),
         forward_outputs=list(loaded.outputs),
+    )
+
+
+def _sliding_window(model) -> bool:
+    """Whether a layer of the model attends through a sliding window."""
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        flag = getattr(layer, "use_sliding_window_attention", None)
+        if flag is not None:
+            if flag:
+                return True
+            continue
+        if any(getattr(layer, name, None) for name in ("sliding_window", "sliding_window_size")):
+            return True
+    return False
+
+
+def _takes_padding(model, uses: dict) -> bool:
+    """Whether the decoder gets `attention_mask` and `position_ids`: keras-hub's
+    causal mask and position layers (at the cache index) computed every
+    position of the probe, and no sliding window counts distances in cache
+    slots (right padding would put padding inside a row's window)."""
+    return (
+        uses["mask"] > 0
+        and uses["positions"] > 0
+        and not uses.get("other_positions")
+        and not _sliding_window(model)
     )
 
 
@@ -157,6 +192,8 @@ def trace(loaded: LoadedModel, decoder: Decoder) -> TracedModel:
         return tf.transpose(cache, swap)
 
     def call(token_ids, *past):
+        mask, positions = past[:2] if decoder.padded else (None, None)
+        past = past[2:] if decoder.padded else past
         new = tf.shape(token_ids)[1]
         start = tf.shape(keras_layout(past[0]))[1]
         per_layer, pasts = [], {}
@@ -169,7 +206,10 @@ def trace(loaded: LoadedModel, decoder: Decoder) -> TracedModel:
                 key_value.append(tf.concat([cache, room], axis=1))
             per_layer.append(tf.stack(key_value, axis=1))
         stacked = tf.stack(per_layer, axis=1)
-        with _cache_writes_as_appends(start, stacked, pasts):
+        with (
+            _cache_writes_as_appends(start, stacked, pasts),
+            padding_inputs(mask, positions, {"mask": 0, "positions": 0}),
+        ):
             logits, _, cache = model.call_with_cache(token_ids, stacked, start)
         present = [
             keras_layout(cache[:, layer, kind])  # (its own inverse)
@@ -201,6 +241,66 @@ def _picked(tensor, stacked) -> tuple | None:
         indices.append(int(begin[1]))
         tensor = op.inputs[0]
     return (indices[1], indices[0]) if tensor is stacked else None
+
+
+@contextmanager
+def padding_inputs(attention_mask, position_ids, uses: dict):
+    """keras-hub's decoders, for the block, honour a padding mask and positions.
+
+    keras-hub's cached call has one position for the whole batch (its
+    `cache_update_index`), and its generate needs no more: prompts run in
+    lockstep. onnxruntime-genai and Hugging Face's generation pad a batch
+    instead (genai on the right) and pass `attention_mask` (batch, total
+    length: 1 on tokens, 0 on padding) and `position_ids` (batch, new tokens:
+    each token's position among its row's tokens). In the block, keras-hub's
+    causal mask (`compute_causal_mask`, which its decoder layers import by
+    name, `compat.CAUSAL_MASK_USERS`) is also false on padded keys, and its
+    position layers (`RotaryEmbedding`, `PositionEmbedding`, called with a
+    start index) take `position_ids` instead.
+
+    Args:
+        attention_mask: (batch, total length) integers, or None to change nothing.
+        position_ids: (batch, new tokens) integers.
+        uses: counts of each replacement's calls (`"mask"`, `"positions"`):
+            `describe` gives the decoder these inputs only when both ran.
+    """
+    if attention_mask is None:
+        yield
+        return
+    from importlib import import_module
+
+    from keras import ops
+
+    keys = ops.cast(attention_mask, "bool")[:, None, :]
+    swaps = []
+    for name in compat.CAUSAL_MASK_USERS:
+        module = import_module(f"keras_hub.src.{name}")
+        causal = compat.original(module, "compute_causal_mask")
+
+        def masked(*args, causal=causal, **kwargs):
+            uses["mask"] += 1
+            return ops.logical_and(causal(*args, **kwargs), keys)
+
+        swaps.append((module, "compute_causal_mask", masked))
+    for name, cls in (
+        ("rotary_embedding", "RotaryEmbedding"),
+        ("position_embedding", "PositionEmbedding"),
+    ):
+        owner = getattr(import_module(f"keras_hub.src.layers.modeling.{name}"), cls)
+        call = compat.original(owner, "call")
+
+        def positioned(layer, inputs, start_index=None, positions=None, call=call):
+            if start_index is None or positions is not None:  # not the cache index's
+                uses["other_positions"] = uses.get("other_positions", 0) + 1
+                return call(layer, inputs, start_index=start_index or 0, positions=positions)
+            uses["positions"] += 1
+            return call(layer, inputs, start_index=start_index, positions=position_ids)
+
+        swaps.append((owner, "call", positioned))
+    with ExitStack() as stack:
+        for owner, name, value in swaps:
+            stack.enter_context(patched(owner, name, value))
+        yield
 
 
 @contextmanager
@@ -257,7 +357,10 @@ class Reference:
     step_prompt: np.ndarray  # (batch, length) ids
     step_tokens: list  # the token fed at each decode step, (batch, 1)
     step_logits: list  # Keras' logits for the prompt, then for each step
-    greedy: list  # (prompt ids, padding mask, Keras' greedy tokens) per batch
+    # Per batch: prompt ids, padding mask, Keras' greedy tokens, and for a
+    # decoder with padding inputs the logits that chose each row's new tokens
+    # (batch, new tokens, vocabulary), each row computed alone.
+    greedy: list
 
 
 @dataclass(frozen=True)
@@ -348,6 +451,15 @@ def keras_greedy(loaded, decoder, prompt, mask, new_tokens) -> np.ndarray:
     return tokens
 
 
+def _row_logits(loaded, decoder, tokens, lengths, steps: int) -> np.ndarray:
+    """Keras' logits that chose each row's `steps` new tokens, the row alone."""
+    rows = []
+    for row, length in enumerate(lengths):
+        sequence = tokens[row : row + 1, : length + steps - 1]
+        rows.append(_forward_logits(loaded, decoder, sequence)[0, length - 1 :])
+    return np.stack(rows)
+
+
 def _prompt(rng, decoder: Decoder, lengths) -> tuple[np.ndarray, np.ndarray]:
     mask = np.arange(max(lengths)) < np.array(lengths)[:, None]
     ids = rng.integers(1, decoder.vocabulary, mask.shape)
@@ -392,7 +504,11 @@ def references(loaded: LoadedModel, decoder: Decoder, on_step=None) -> Reference
     greedy = []
     for prompt_lengths in lengths.greedy:
         ids, mask = _prompt(rng, decoder, prompt_lengths)
-        greedy.append((ids, mask, keras_greedy(loaded, decoder, ids, mask, steps)))
+        tokens = keras_greedy(loaded, decoder, ids, mask, steps)
+        logits = None
+        if decoder.padded:
+            logits = _row_logits(loaded, decoder, tokens, mask.sum(axis=1), steps)
+        greedy.append((ids, mask, tokens, logits))
         if on_step:
             on_step(len(greedy), len(lengths.greedy) + 1)
     return Reference(prompt, step_tokens, step_logits, greedy)
@@ -415,6 +531,23 @@ def _token_check(label: str, got: np.ndarray, expected: np.ndarray) -> validatin
         passed=not len(differ),
         problem=problem,
     )
+
+
+def _padded_checks(decoder, label: str, batch: tuple, side: str):
+    """The greedy batch padded (`generation.padded_greedy`): its tokens, and
+    the logits that chose them against Keras' for each row alone (a random
+    model's greedy tokens can survive an ignored mask; its logits cannot)."""
+    ids, mask, expected, keras_logits = batch
+    new = expected.shape[1] - ids.shape[1]
+    tokens, logits = generation.padded_greedy(decoder, ids, mask, new, side, with_logits=True)
+
+    def checks(atol, rtol) -> list:
+        found = [_token_check(label, tokens, expected)]
+        if found[0].passed:
+            found.append(validating.compare(label, "logits", logits, keras_logits, atol, rtol))
+        return found
+
+    return checks
 
 
 def _merge(label: str, steps: list) -> validating.Check:
@@ -487,12 +620,16 @@ def validate(
         result.checks.append(_merge(label, steps))
         if on_step:
             on_step(1, len(reference.greedy) + 1)
-        for done, (ids, mask, expected) in enumerate(reference.greedy, start=2):
+        for done, (ids, mask, expected, logits) in enumerate(reference.greedy, start=2):
             new = expected.shape[1] - ids.shape[1]
             got = generation.generate(decoder, ids, new, padding_mask=mask)
             lengths = ",".join(str(n) for n in mask.sum(axis=1))
             label = f"greedy {ids.shape[0]}x({lengths})+{new}"
             result.checks.append(_token_check(label, got, expected))
+            for side in ("right", "left") if decoder.padding_dtypes else ():
+                padded = f"{label}, {side}-padded with attention_mask"
+                checks = _padded_checks(decoder, padded, (ids, mask, expected, logits), side)
+                result.checks.extend(checks(atol, rtol))
             if on_step:
                 on_step(done, len(reference.greedy) + 1)
     except Exception as error:  # noqa: BLE001 - the file's failure, reported as one

@@ -59,6 +59,31 @@ class Internal:
 
 _KERAS = "keras 3.5-3.15"
 _SAVING = "keras.src.saving.saving_lib"
+_KERAS_HUB = "keras-hub 0.21-0.32"
+_PADDING = "causal_lm.padding_inputs: the decoder's attention_mask and position_ids"
+# keras-hub's decoder layers that import its causal mask by name (one each).
+CAUSAL_MASK_USERS = (
+    "layers.modeling.transformer_decoder",
+    *(
+        f"models.{name}"
+        for name in (
+            "llama.llama_decoder",
+            "mistral.mistral_transformer_decoder",
+            "mixtral.mixtral_decoder",
+            "gemma.gemma_decoder_block",
+            "gemma3.gemma3_decoder_block",
+            "qwen.qwen_decoder",
+            "qwen_moe.qwen_moe_decoder",
+            "qwen3.qwen3_decoder",
+            "qwen3_moe.qwen3_moe_decoder",
+            "phi3.phi3_decoder",
+            "falcon.falcon_transformer_decoder",
+            "bloom.bloom_decoder",
+            "gpt_neo_x.gpt_neo_x_decoder",
+            "gpt_oss.gpt_oss_decoder",
+        )
+    ),
+)
 _LEAN = "lean_loading._build_and_fill: a model built from its config, filled from the archive"
 
 INTERNALS = (
@@ -105,6 +130,22 @@ INTERNALS = (
         "numpy 2.0-2.4 (removed there; tf2onnx 1.16-1.17 still calls it)",
         "converting._numpy_product_alias: np.product as np.prod during one conversion",
         added=True,
+    ),
+    Internal(
+        "keras_hub.src.layers.modeling.rotary_embedding",
+        "RotaryEmbedding.call",
+        _KERAS_HUB,
+        _PADDING,
+    ),
+    Internal(
+        "keras_hub.src.layers.modeling.position_embedding",
+        "PositionEmbedding.call",
+        _KERAS_HUB,
+        _PADDING,
+    ),
+    *(
+        Internal(f"keras_hub.src.{module}", "compute_causal_mask", _KERAS_HUB, _PADDING)
+        for module in CAUSAL_MASK_USERS
     ),
     # Read or called, never replaced.
     Internal(

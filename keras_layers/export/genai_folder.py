@@ -22,16 +22,20 @@ tokenizer files. `export_folder` builds that folder as one transaction:
    must give the tokens of Keras recomputing each sequence, and keras-hub's
    text for them. Without it, the same checks run through
    `keras_layers.export.generate` and the `tokenizers` library, and the
-   report says genai was not checked. A batch of prompts of different
-   lengths is checked through `generate` only: genai right-pads a batch and
-   the decoder has no `attention_mask` yet, so genai runs one prompt at a
-   time (the report says so);
+   report says genai was not checked. Prompts of different lengths are
+   also run in one batch, in genai (which pads on the right and passes
+   `attention_mask` and `position_ids`: each row must give the same prompt's
+   tokens alone) and in `generate` (lockstep). A decoder whose positions
+   keras-hub's position layers do not compute takes no `attention_mask`
+   (`causal_lm.padding_inputs`): genai then runs it one prompt at a time,
+   and the report says so;
 6. place: only when everything passed are the files moved into FOLDER, each
    by an atomic rename under the export's lock (data files first, the config
    last); other files in FOLDER are left alone. On any failure FOLDER is as
    it was.
 """
 
+import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -174,6 +178,7 @@ def genai_config(decoder, ids: SpecialIds, context_length: int, search: dict) ->
                 "num_hidden_layers": int(decoder.layers),
                 "inputs": {
                     "input_ids": "input_ids",
+                    **{name: name for name in causal_lm.PADDING_INPUTS if decoder.padded},
                     "past_key_names": "past_key_values.%d.key",
                     "past_value_names": "past_key_values.%d.value",
                 },
@@ -305,6 +310,41 @@ def _genai_row(model, og, item: _Expected, eos: int) -> dict:
     }
 
 
+def _genai_batch(model, og, expected: list, eos: int, pad: int) -> list:
+    """genai on every prompt in one batch: its own padding (on the right) and
+    mask; each row's new tokens must be the same prompt's alone."""
+    new = len(expected[0].tokens) - len(expected[0].ids)
+    if expected[0].prompt is not None:
+        tokenizer = og.Tokenizer(model)
+        tokenizer.update_options(add_special_tokens="true")
+        batch = tokenizer.encode_batch([item.prompt for item in expected]).as_numpy()
+    else:
+        batch = np.full((len(expected), max(len(item.ids) for item in expected)), pad, np.int32)
+        for row, item in enumerate(expected):
+            batch[row, : len(item.ids)] = item.ids
+    params = og.GeneratorParams(model)
+    params.set_search_options(
+        max_length=batch.shape[1] + new, do_sample=False, batch_size=len(expected)
+    )
+    generator = og.Generator(model, params)
+    generator.append_tokens(batch)
+    while not generator.is_done():
+        generator.generate_next_token()
+    rows = []
+    for row, item in enumerate(expected):
+        tokens = [int(i) for i in generator.get_sequence(row)][batch.shape[1] :]
+        tokens = tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+        rows.append(
+            {
+                "prompt": item.prompt,
+                "batched_equal": _stopped_right(tokens, item.tokens[len(item.ids) :], eos),
+                "keras": {"tokens": item.tokens[len(item.ids) :]},
+                "genai_batched": {"tokens": tokens},
+            }
+        )
+    return rows
+
+
 def _generate_rows(folder: Path, expected: list) -> list:
     """The same checks through `generation.generate`, alone and batched."""
     decoder = generation.CachedDecoder(folder / MODEL_FILE)
@@ -340,11 +380,13 @@ def prove_folder(folder, expected: list, eos: int) -> dict:
         eos: the end id genai stops at.
 
     Returns:
-        `{"passed", "genai", "generate", "not_checked"}`: genai's rows, one
-        prompt at a time (or why genai was not run), and `generate`'s rows,
-        alone and batched.
+        `{"passed", "genai", "genai_batched", "generate", "not_checked"}`:
+        genai's rows, one prompt at a time (or why genai was not run), and
+        all prompts in one batch (for a decoder that takes `attention_mask`),
+        and `generate`'s rows, alone and batched.
     """
     folder = Path(folder)
+    config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
     result = {"generate": _generate_rows(folder, expected), "not_checked": [], "known_gaps": []}
     try:
         import onnxruntime_genai as og
@@ -352,23 +394,30 @@ def prove_folder(folder, expected: list, eos: int) -> dict:
         result["genai"] = None
         result["not_checked"].append(f"genai: {GENAI_MISSING}")
     else:
+        padded = set(causal_lm.PADDING_INPUTS) <= set(config["model"]["decoder"]["inputs"])
+        result["genai_batched"] = []
         try:
             model = og.Model(str(folder))
             result["genai"] = [_genai_row(model, og, item, eos) for item in expected]
+            if padded:
+                pad = int(config["model"]["pad_token_id"])
+                result["genai_batched"] = _genai_batch(model, og, expected, eos, pad)
         except Exception as error:  # genai's own error type: it refused the folder
-            result["genai"] = []
+            result["genai"] = result["genai"] if "genai" in result else []
             result["genai_error"] = f"{type(error).__name__}: {error}"
         if any(row["text_gap"] for row in result["genai"]):
             result["known_gaps"] = [INVALID_UTF8_GAP]
-        result["not_checked"].append(
-            "genai with a batch of prompts of different lengths: genai right-pads a batch and "
-            "the decoder takes no attention_mask yet; run one prompt at a time"
-        )
+        if not padded:
+            result["not_checked"].append(
+                "genai with a batch of prompts of different lengths: genai pads a batch, and "
+                "this decoder takes no attention_mask (its positions are not computed by "
+                "keras-hub's position layers); run one prompt at a time"
+            )
     result["not_checked"].append(
         "past_present_share_buffer: the decoder returns a new cache (past, then the new "
         "tokens) instead of writing into a preallocated one; leave it false"
     )
-    rows = [*result["generate"], *(result["genai"] or [])]
+    rows = [*result["generate"], *(result["genai"] or []), *result.get("genai_batched", [])]
     keys = ("ids_equal", "tokens_equal", "text_equal", "batched_equal")
     result["passed"] = "genai_error" not in result and all(
         row.get(key, True) for row in rows for key in keys
@@ -394,6 +443,13 @@ def failure(result: dict) -> str:
                     f"onnxruntime-genai's {what} for {row['prompt']!r} differ from keras-hub's: "
                     f"{row['genai'][what]!r} / {row['keras'][what]!r}"
                 )
+    for row in result.get("genai_batched", []):
+        if not row["batched_equal"]:
+            return (
+                f"onnxruntime-genai's new tokens for {row['prompt']!r} in a batch of prompts "
+                f"differ from keras-hub's alone: {row['genai_batched']['tokens']!r} / "
+                f"{row['keras']['tokens']!r}"
+            )
     for row in result["generate"]:
         for key, side in (("tokens_equal", "alone"), ("batched_equal", "batched")):
             if not row[key]:

@@ -55,6 +55,7 @@ import numpy as np
 
 SAMPLERS = ("greedy", "top_k", "top_p")
 _PAST = "past_key_values."
+_PADDING = ("attention_mask", "position_ids")
 _ONNX_TYPES = {
     f"tensor({name})": np.dtype(name)
     for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
@@ -154,6 +155,10 @@ class CachedDecoder:
                 "--task causal-lm"
             )
         self.ids_dtype = _numpy_dtype(inputs["input_ids"].type, "input_ids")
+        # A decoder that takes a padded batch (`attention_mask`, `position_ids`).
+        self.padding_dtypes = {
+            name: _numpy_dtype(inputs[name].type, name) for name in _PADDING if name in inputs
+        }
         self.logits_dtype = _numpy_dtype(outputs["logits"].type, "logits")
         self.output_names = list(outputs)
         last = outputs["logits"].shape[-1] if outputs["logits"].shape else None
@@ -186,17 +191,37 @@ class CachedDecoder:
         """How many tokens the caches hold."""
         return next(iter(cache.values())).shape[2]
 
-    def step(self, token_ids: np.ndarray, cache: dict) -> tuple[np.ndarray, dict]:
+    def _padding_feeds(self, shape: tuple, past: int, attention_mask, position_ids) -> dict:
+        """`attention_mask` and `position_ids` for a file that takes them:
+        as given, or a batch without padding (every position a token)."""
+        batch, new = shape
+        if attention_mask is None:
+            attention_mask = np.ones((batch, past + new))
+        if position_ids is None:
+            position_ids = np.broadcast_to(np.arange(past, past + new), (batch, new))
+        given = {"attention_mask": attention_mask, "position_ids": position_ids}
+        return {name: np.asarray(given[name], dtype) for name, dtype in self.padding_dtypes.items()}
+
+    def step(
+        self, token_ids: np.ndarray, cache: dict, attention_mask=None, position_ids=None
+    ) -> tuple[np.ndarray, dict]:
         """Run the file on the new tokens.
 
         Args:
             token_ids: int array (batch, new tokens).
             cache: the caches of the previous step (or `empty_cache`'s).
+            attention_mask: for a file that takes one, (batch, past + new):
+                1 on tokens, 0 on padding; default all 1 (`generate`'s lockstep).
+            position_ids: for a file that takes them, (batch, new): each new
+                token's position among its row's tokens; default past, past + 1, ...
 
         Returns:
             (the new tokens' logits (batch, new tokens, vocabulary), the grown caches).
         """
-        feeds = {"input_ids": np.asarray(token_ids, self.ids_dtype), **cache}
+        token_ids = np.asarray(token_ids, self.ids_dtype)
+        past = self.cache_length(cache)
+        padding = self._padding_feeds(token_ids.shape, past, attention_mask, position_ids)
+        feeds = {"input_ids": token_ids, **padding, **cache}
         outputs = dict(zip(self.output_names, self.session.run(None, feeds), strict=True))
         pairs = zip(self._cache_names, self.presents, strict=True)
         grown = {name: outputs[present] for name, present in pairs}
@@ -215,6 +240,7 @@ class CachedDecoder:
             return False
         feeds = {cache.name: cache.empty(1, length - 1) for cache in self.cache_inputs}
         feeds["input_ids"] = np.zeros((1, 1), self.ids_dtype)
+        feeds.update(self._padding_feeds((1, 1), length - 1, None, None))
         quiet = ort.RunOptions()
         quiet.log_severity_level = 4  # the failure is expected: not logged
         try:
@@ -737,3 +763,61 @@ def _run(decoder, token_ids, mask, max_new_tokens, pick, end_token_id, pad_token
             break
         logits, cache = decoder.step(tokens[:, position : position + 1], cache)
     return tokens
+
+
+def padded_greedy(
+    decoder, token_ids, padding_mask, max_new_tokens: int, side: str = "right", with_logits=False
+):
+    """Greedy tokens the way onnxruntime-genai and Hugging Face run a batch:
+    the whole padded prompt in one call with `attention_mask` and
+    `position_ids`, then one token a row per call. This is how the export
+    proves a decoder honours those inputs (`generate` needs neither: it runs
+    prompts in lockstep).
+
+    Args:
+        decoder: a `CachedDecoder` whose file takes `attention_mask` and `position_ids`.
+        token_ids: int array (batch, length), each row's prompt at its start.
+        padding_mask: booleans like `token_ids`, True on each row's prompt.
+        max_new_tokens: tokens each row gains.
+        side: "right" (genai's: padding after each prompt) or "left" (each
+            prompt moved to the end of its row, padding before it).
+        with_logits: also return the logits each new token was chosen from.
+
+    Returns:
+        (batch, length + max_new_tokens) as `generate` returns them: each
+        row's prompt, then its new tokens, then 0; with `with_logits`, a pair
+        of those and the logits (batch, max_new_tokens, vocabulary).
+
+    Raises:
+        ValueError: the file takes no padding inputs, or `side` is neither.
+    """
+    if set(decoder.padding_dtypes) != set(_PADDING) or side not in ("right", "left"):
+        raise ValueError(
+            f"padded_greedy needs a decoder with {' and '.join(_PADDING)} inputs and side "
+            f"'right' or 'left' (got {sorted(decoder.padding_dtypes)}, side={side!r})"
+        )
+    token_ids, mask = np.asarray(token_ids), np.asarray(padding_mask, bool)
+    batch, width = token_ids.shape
+    lengths, rows = mask.sum(axis=1), np.arange(batch)
+    prompts = np.where(mask, token_ids, 0)
+    if side == "left":  # each row's prompt right-aligned
+        order = (np.arange(width) - (width - lengths)[:, None]) % width
+        prompts, mask = prompts[rows[:, None], order], mask[rows[:, None], order]
+    attention = mask.astype(np.int64)
+    positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0)
+    logits, cache = decoder.step(prompts, decoder.empty_cache(batch), attention, positions)
+    last = logits[rows, lengths - 1] if side == "right" else logits[:, -1]
+    tokens = np.zeros((batch, width + max_new_tokens), decoder.ids_dtype)
+    tokens[:, :width] = np.where(np.asarray(padding_mask, bool), token_ids, 0)
+    chosen_from = []
+    for step in range(max_new_tokens):
+        chosen_from.append(last)
+        chosen = last.argmax(axis=-1)
+        tokens[rows, lengths + step] = chosen
+        if step + 1 == max_new_tokens:
+            break
+        attention = np.concatenate([attention, np.ones((batch, 1), np.int64)], axis=1)
+        positions = (lengths + step)[:, None]
+        logits, cache = decoder.step(chosen[:, None], cache, attention, positions)
+        last = logits[:, -1]
+    return (tokens, np.stack(chosen_from, axis=1)) if with_logits else tokens

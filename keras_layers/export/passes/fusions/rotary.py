@@ -169,19 +169,51 @@ def _match_rotary(g, add):
     sine = g.node(_through_views(g, dims, sine_side), "Sin")
     if cosine is None or sine is None or cosine.input[0] != sine.input[0]:
         return "the factors are not the cosine and sine of one tensor of angles"
-    angles, wanted = cosine.input[0], (ONE, shape[1], ONE, shape[3])
-    if dims.get(cosine_side) != wanted or dims.get(sine_side) != wanted:
-        return "the angles are not (1, sequence, 1, head size) for x's sequence"
-    if _without_ones(dims.get(angles)) != _without_ones(wanted):
-        return "the angles are not (1, sequence, 1, head size) for x's sequence"
+    angles, given = cosine.input[0], dims.get(cosine_side)
+    shared, per_row = (ONE, shape[1], ONE, shape[3]), (shape[0], shape[1], ONE, shape[3])
+    if given not in (shared, per_row) or dims.get(sine_side) != given:
+        return "the angles are not (1 or batch, sequence, 1, head size) for x's sequence"
+    if _without_ones(dims.get(angles)) != _without_ones(given):
+        return "the angles are not (1 or batch, sequence, 1, head size) for x's sequence"
     if any(dims.get(out) != shape for out in (add.output[0], *plain.output, *rotated.output)):
         return "a product broadcasts past x's shape"
     half = _duplicated_half(g, dims, angles)
     if half is None:
         return "the angles' two halves are not one tensor written twice"
-    if _without_ones(dims.get(half)) != _without_ones((shape[1], shape[3].divided_by(TWO))):
-        return "the angle table is not (sequence, head size / 2)"
-    return x, half, shape[2].static, shape[3].static, add
+    if _without_ones(dims.get(half)) != _without_ones((*given[:2], shape[3].divided_by(TWO))):
+        return (
+            "the angle table is not (sequence, head size / 2) or (batch, sequence, head size / 2)"
+        )
+    positions = None
+    if given == per_row and given != shared:
+        positions = _positions_times_frequencies(g, dims, half, shape[3].static // 2)
+        if positions is None:
+            return "each row's angles are not its integer positions times constant frequencies"
+    return x, half, shape[2].static, shape[3].static, add, positions
+
+
+def _positions_times_frequencies(g, dims, half, count: int):
+    """(positions, frequencies) when the angles `half` are
+    `Cast(positions)[..., None] * frequencies`: integer positions (batch,
+    sequence), a constant vector of `count` frequencies (keras-hub's
+    `RotaryEmbedding` given `position_ids`); else None."""
+    product = g.node(_through_views(g, dims, half), "Mul")
+    if product is None:
+        return None
+    for side in (0, 1):
+        values = g.const(product.input[side])
+        if values is None or values.size != count or values.shape[-1] != count:
+            continue
+        cast = g.node(_through_views(g, dims, product.input[1 - side]), "Cast")
+        if cast is None:
+            continue
+        integer = g.shapes.get(cast.input[0], (None, None))[1]
+        if (
+            integer in (TensorProto.INT64, TensorProto.INT32)
+            and len(dims.get(cast.input[0]) or ()) == 2
+        ):
+            return cast.input[0], integer, values.reshape(-1).astype(np.float32)
+    return None
 
 
 def _constant(edit, values: list) -> str:
@@ -189,21 +221,53 @@ def _constant(edit, values: list) -> str:
     return edit.constant(name, np.array(values, np.int64))
 
 
+def _table_for_positions(edit, names: dict, positions) -> list:
+    """Nodes of the (positions up to the largest given, head size / 2) table
+    of angles, `names["table"]`, and the positions as int64, `names["ids"]`."""
+    ids, integer, frequencies = positions
+    scalar = {v: edit.constant(f"fused_rotary_scalar_{v}", np.array(v, np.int64)) for v in (0, 1)}
+    frequencies = edit.constant(
+        "fused_rotary_frequencies_" + "_".join(f"{v:.9g}" for v in frequencies[:2]),
+        frequencies.reshape(1, -1),
+    )
+    step = {name: edit.fresh(f"{names['table']}_{name}") for name in ("top", "end", "rows", "row")}
+    nodes = []
+    if integer != TensorProto.INT64:  # the op reads int64 positions
+        nodes.append(helper.make_node("Cast", [ids], [names["ids"]], to=TensorProto.INT64))
+        ids = names["ids"]
+    return [
+        *nodes,
+        helper.make_node("ReduceMax", [ids], [step["top"]], keepdims=0),
+        helper.make_node("Add", [step["top"], scalar[1]], [step["end"]]),
+        helper.make_node("Range", [scalar[0], step["end"], scalar[1]], [step["rows"]]),
+        helper.make_node("Cast", [step["rows"]], [step["row"]], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", [step["row"], _constant(edit, [1])], [names["angles"]]),
+        helper.make_node("Mul", [names["angles"], frequencies], [names["table"]]),
+    ], ids
+
+
 def _rewrite(edit, match) -> None:
-    x, half, heads, size, add = match
+    x, half, heads, size, add, positions = match
     out = add.output[0]
-    names = {step: f"{out}_rotary_{step}" for step in ("table", "cos", "sin", "in", "out")}
-    names = {step: edit.fresh(name) for step, name in names.items()}
+    steps = ("table", "cos", "sin", "in", "out", "ids", "angles")
+    names = {step: edit.fresh(f"{out}_rotary_{step}") for step in steps}
+    if positions is None:  # row s of the table is position s
+        table = [
+            helper.make_node("Reshape", [half, _constant(edit, [-1, size // 2])], [names["table"]])
+        ]
+        ids = _constant(edit, [0])
+    else:  # each row's positions index a table up to the largest
+        table, ids = _table_for_positions(edit, names, positions)
     edit.replace(
         add,
         [
-            helper.make_node("Reshape", [half, _constant(edit, [-1, size // 2])], [names["table"]]),
+            *table,
             helper.make_node("Cos", [names["table"]], [names["cos"]]),
             helper.make_node("Sin", [names["table"]], [names["sin"]]),
             helper.make_node("Reshape", [x, _constant(edit, [0, 0, heads * size])], [names["in"]]),
             helper.make_node(
                 "RotaryEmbedding",
-                [names["in"], _constant(edit, [0]), names["cos"], names["sin"]],
+                [names["in"], ids, names["cos"], names["sin"]],
                 [names["out"]],
                 domain="com.microsoft",
                 num_heads=heads,
