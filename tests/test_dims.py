@@ -274,11 +274,12 @@ def test_every_claimed_dim_is_the_run_time_dim_on_keras_hub_models(tmp_path, kin
     proto = onnx.load(path)
     claimed = symbolic_dims(proto.graph)
     session = ort.InferenceSession(_every_tensor_an_output(proto).SerializeToString())
+    # A decoder's attention_mask spans the past and the new tokens: 4 + 7.
     sizes = {"batch": 3, "sequence": 7, "decoder_sequence": 5, "past_sequence": 4}
+    sizes["total_sequence"] = sizes["past_sequence"] + sizes["sequence"]
+    types = {"tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(float)": "float32"}
     feeds = {
-        value.name: np.ones(
-            [sizes.get(d, d) for d in value.shape], "int32" if "int" in value.type else "float32"
-        )
+        value.name: np.ones([sizes.get(d, d) for d in value.shape], types[value.type])
         for value in session.get_inputs()
     }
     names = [value.name for value in session.get_outputs()]

@@ -222,15 +222,16 @@ def _constant(edit, values: list) -> str:
 
 
 def _table_for_positions(edit, names: dict, positions) -> list:
-    """Nodes of the (positions up to the largest given, head size / 2) table
-    of angles, `names["table"]`, and the positions as int64, `names["ids"]`."""
+    """Nodes of the (positions up to the largest given, and at least as many
+    as the sequence's, head size / 2) table of angles, `names["table"]`, and the positions as int64, `names["ids"]`."""
     ids, integer, frequencies = positions
     scalar = {v: edit.constant(f"fused_rotary_scalar_{v}", np.array(v, np.int64)) for v in (0, 1)}
     frequencies = edit.constant(
         "fused_rotary_frequencies_" + "_".join(f"{v:.9g}" for v in frequencies[:2]),
         frequencies.reshape(1, -1),
     )
-    step = {name: edit.fresh(f"{names['table']}_{name}") for name in ("top", "end", "rows", "row")}
+    step = ("top", "end", "shape", "length", "count", "rows", "row")
+    step = {name: edit.fresh(f"{names['table']}_{name}") for name in step}
     nodes = []
     if integer != TensorProto.INT64:  # the op reads int64 positions
         nodes.append(helper.make_node("Cast", [ids], [names["ids"]], to=TensorProto.INT64))
@@ -239,7 +240,11 @@ def _table_for_positions(edit, names: dict, positions) -> list:
         *nodes,
         helper.make_node("ReduceMax", [ids], [step["top"]], keepdims=0),
         helper.make_node("Add", [step["top"], scalar[1]], [step["end"]]),
-        helper.make_node("Range", [scalar[0], step["end"], scalar[1]], [step["rows"]]),
+        # ONNX Runtime wants at least a row per position of the sequence.
+        helper.make_node("Shape", [ids], [step["shape"]], start=1, end=2),
+        helper.make_node("Squeeze", [step["shape"], _constant(edit, [0])], [step["length"]]),
+        helper.make_node("Max", [step["end"], step["length"]], [step["count"]]),
+        helper.make_node("Range", [scalar[0], step["count"], scalar[1]], [step["rows"]]),
         helper.make_node("Cast", [step["rows"]], [step["row"]], to=TensorProto.FLOAT),
         helper.make_node("Unsqueeze", [step["row"], _constant(edit, [1])], [names["angles"]]),
         helper.make_node("Mul", [names["angles"], frequencies], [names["table"]]),
