@@ -379,7 +379,8 @@ def test_a_model_without_the_protocol_is_refused_with_the_fix(tmp_path):
     [
         ({"task": "seq2seq"}, "choose one of"),
         ({"task": "causal-lm", "shapes": [(1, 3)]}, "leave the shapes out"),
-        ({"task": "causal-lm", "quantize": "int8"}, "quantize_dynamic"),
+        ({"task": "causal-lm", "quantize": "int8"}, "give -o FOLDER/"),
+        ({"task": "forward", "quantize": "int4"}, "4-bit weights are for decoders"),
     ],
 )
 def test_options_that_do_not_fit_the_task_are_refused_before_any_work(tmp_path, options, message):

@@ -527,7 +527,7 @@ def test_a_mixed_precision_model_in_memory_is_exported_in_float32(tmp_path, poli
     "kwargs, words",
     [
         ({"opset": 99}, ["opset=99", "unsupported"]),
-        ({"quantize": "int4"}, ["quantize='int4'", "int8"]),
+        ({"quantize": "int4"}, ["quantize='int4'", "decoders", "int8"]),
         ({"external_data": "sometimes"}, ["external_data='sometimes'", "auto"]),
         ({"atol": -1.0}, ["atol=-1.0", ">= 0"]),
         ({"rtol": float("nan")}, ["rtol=nan", "finite"]),

@@ -26,9 +26,9 @@ pytestmark = pytest.mark.tensorflow_only  # the opset check asks tf2onnx; the pi
         ({"atol": True}, "atol=True: must be a finite number >= 0", "--atol True"),
         ({"opset": 99}, "opset=99: unsupported; choose 13-", "--opset 99: unsupported"),
         (
-            {"quantize": "int4"},
-            "quantize='int4': unsupported; choose one of ('int8',)",
-            "--quantize int4: unsupported",
+            {"quantize": "int2"},
+            "quantize='int2': unsupported; choose one of ('int8', 'int4')",
+            "--quantize int2: unsupported",
         ),
         (
             {"external_data": "sometimes"},

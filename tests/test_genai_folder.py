@@ -25,7 +25,15 @@ import onnxruntime_genai as og
 import pytest
 import zoo_tokenizers
 
-from keras_layers.export import causal_lm, export_model, genai_folder, generate, loading
+from keras_layers.export import (
+    ExportOptions,
+    causal_lm,
+    decoder_gate,
+    export_model,
+    genai_folder,
+    generate,
+    loading,
+)
 from keras_layers.export.cli import EXIT_USAGE, main
 from keras_layers.export.errors import UsageError, ValidationFailed
 
@@ -46,9 +54,9 @@ FOLDER_FILES = {
 }
 
 
-def _lm(kind: str):
+def _lm(kind: str, seed: int = 1):
     """A tiny keras-hub causal LM with its preprocessor, weights drawn from a fixed seed."""
-    keras.utils.set_random_seed(1)
+    keras.utils.set_random_seed(seed)
     tokenizer_class, backbone_class, task_class, preprocessor_class, sizes = {
         "gpt2": (
             "GPT2Tokenizer",
@@ -278,6 +286,73 @@ def test_a_folder_that_fails_its_proof_places_nothing(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_a_quantized_folder_is_written_beside_the_float_one_and_runs_in_genai(tmp_path, kind):
+    """`quantize="int4"` / `"int8"` with a folder: FOLDER/<kind>/ holds the
+    decoder with MatMulNBits weights, the same config and tokenizer, and the
+    gate's figures; genai runs it on text."""
+    lm = _lm("gpt2")
+    folder = tmp_path / "deploy"
+    report = export_model(lm, f"{folder}/", ExportOptions(quantize=kind), task="causal-lm")
+    gate = report["folder"]["quantized"][kind]
+    assert gate["passed"] and gate["bits"] == int(kind[3:]) and gate["block_size"] == 32
+    assert gate["quantized"] == 13  # 2 layers x 6 projections, and the tied output
+    assert 0.5 <= gate["greedy_agreement"] <= 1 and gate["genai_agreement"] is not None
+    assert 0 < gate["mean_abs_log_prob_change"] <= 0.25
+    sub = folder / kind
+    assert {path.name for path in sub.iterdir()} == FOLDER_FILES - {"report.json"}
+    proto = onnx.load(sub / "model.onnx")
+    weights = {init.name for init in proto.graph.initializer}
+    ops = [node.op_type for node in proto.graph.node]
+    assert ops.count("MatMulNBits") == 13
+    # What stays a MatMul multiplies activations (attention), never a weight.
+    assert not any(n.op_type == "MatMul" and n.input[1] in weights for n in proto.graph.node)
+    ids, tokens = _genai(sub, PROMPTS[0], NEW)
+    assert len(tokens) == len(ids) + NEW or tokens[-1] == lm.preprocessor.tokenizer.end_token_id
+
+
+@pytest.mark.slow
+def test_a_quantized_folder_that_fails_its_gate_places_nothing_and_is_kept(tmp_path):
+    folder = tmp_path / "deploy"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    options = ExportOptions(quantize="int4", decoder_min_agreement=1.0, decoder_max_nll_change=0)
+    with pytest.raises(ValidationFailed, match="the int4 decoder fails its gate") as raised:
+        export_model(_lm("gpt2"), f"{folder}/", options, task="causal-lm")
+    assert "Nothing was placed" in str(raised.value)
+    assert [path.name for path in folder.iterdir()] == ["notes.txt"]
+    kept = tmp_path / "deploy.int4.failed"
+    assert (kept / "model.onnx").is_file() and (kept / "genai_config.json").is_file()
+
+
+@pytest.mark.slow
+def test_the_decoder_gate_fails_the_file_of_another_model(tmp_path):
+    """Prove the gate: Keras' side from one GPT-2, the file from another of the
+    same shape (another seed) fails the default gate on its greedy agreement.
+    Its log-likelihood change (0.039 nats a token, measured) stays under the
+    default 0.25: a tiny random model's near-uniform distributions move
+    little (docs/generation.md says so), so a stricter bound must fail it."""
+    lm = _lm("gpt2")
+    path = tmp_path / "gpt2.onnx"
+    export_model(_lm("gpt2", seed=2), path, task="causal-lm")
+    loaded = loading.load(lm)
+    decoder = causal_lm.describe(loaded)
+    expected = genai_folder.expectations(loaded, decoder, PROMPTS, NEW, 32)
+    held_out = decoder_gate.held_out_ids(lm.preprocessor, decoder.vocabulary, 32, "int32")
+    keras_side = decoder_gate.keras_side(
+        lambda ids: causal_lm.forward_logits(loaded, decoder, ids), held_out
+    )
+    pairs = [(item.ids, item.tokens) for item in expected]
+
+    gate = decoder_gate.judge(path, pairs, keras_side, 0.5, 0.25)
+
+    assert not gate["passed"] and gate["greedy_agreement"] < 0.5
+    assert gate["failure"].startswith("greedy agreement")
+    strict = decoder_gate.judge(path, pairs, keras_side, 0.0, 0.01)
+    assert not strict["passed"] and strict["failure"].startswith("mean |log p change|")
+
+
+@pytest.mark.slow
 def test_a_model_without_preprocessor_gives_a_folder_of_ids_through_export_model(tmp_path):
     backbone = keras_hub.models.GPT2Backbone(
         vocabulary_size=64,
@@ -300,9 +375,13 @@ def test_a_model_without_preprocessor_gives_a_folder_of_ids_through_export_model
     [
         (["-o", "{tmp}/out/"], "a folder is written only for --task causal-lm"),
         (["--task", "causal-lm", "-o", "{tmp}/out/", "--report", "{tmp}/r.json"], "--report"),
-        (["--task", "causal-lm", "-o", "{tmp}/out/", "--quantize", "int8"], "--quantize int8"),
+        (["--task", "causal-lm", "-o", "{tmp}/out/", "--external-data", "always"], "always"),
+        (
+            ["--task", "causal-lm", "-o", "{tmp}/out/", "--decoder-min-agreement", "1.5"],
+            "--decoder-min-agreement",
+        ),
     ],
-    ids=["forward task", "report elsewhere", "quantize"],
+    ids=["forward task", "report elsewhere", "external data", "agreement over 1"],
 )
 def test_what_a_folder_does_not_take_exits_2_before_any_work(tmp_path, capsys, flags, words):
     model = tmp_path / "lm.keras"

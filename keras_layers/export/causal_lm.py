@@ -407,8 +407,20 @@ def check_lengths(max_length: int | None) -> Lengths:
     return Lengths((batch, cut(length)), greedy, steps)
 
 
-def _forward_logits(loaded: LoadedModel, decoder: Decoder, ids: np.ndarray) -> np.ndarray:
-    """Keras recomputing the whole sequence: the model's own call."""
+def forward_logits(loaded: LoadedModel, decoder: Decoder, ids: np.ndarray) -> np.ndarray:
+    """Keras recomputing the whole sequence: the model's own call.
+
+    Args:
+        loaded: the loaded model (its own call's inputs and outputs).
+        decoder: its description (`describe`).
+        ids: token ids (batch, length).
+
+    Returns:
+        The logits (batch, length, vocabulary).
+
+    Raises:
+        UsageError: the model takes an input besides ids and a padding mask.
+    """
     feeds = {}
     for info in decoder.forward_inputs:
         if info.role == "ids":
@@ -445,7 +457,7 @@ def keras_greedy(loaded, decoder, prompt, mask, new_tokens) -> np.ndarray:
     tokens = np.zeros((prompt.shape[0], prompt.shape[1] + new_tokens), prompt.dtype)
     tokens[:, : prompt.shape[1]] = np.where(mask, prompt, 0)
     for position in range(int(lengths.min()), int((lengths + new_tokens).max())):
-        logits = _forward_logits(loaded, decoder, tokens[:, :position])[:, -1]
+        logits = forward_logits(loaded, decoder, tokens[:, :position])[:, -1]
         generating = (position >= lengths) & (position < lengths + new_tokens)
         tokens[:, position] = np.where(generating, logits.argmax(axis=-1), tokens[:, position])
     return tokens
@@ -456,7 +468,7 @@ def _row_logits(loaded, decoder, tokens, lengths, steps: int) -> np.ndarray:
     rows = []
     for row, length in enumerate(lengths):
         sequence = tokens[row : row + 1, : length + steps - 1]
-        rows.append(_forward_logits(loaded, decoder, sequence)[0, length - 1 :])
+        rows.append(forward_logits(loaded, decoder, sequence)[0, length - 1 :])
     return np.stack(rows)
 
 

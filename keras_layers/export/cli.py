@@ -36,6 +36,8 @@ FLAGS = {
     "external_data": "--external-data",
     "quantize": "--quantize",
     "int8_min_top1": "--int8-min-top1",
+    "decoder_min_agreement": "--decoder-min-agreement",
+    "decoder_max_nll_change": "--decoder-max-nll-change",
     "allow_nonfinite": "--allow-nonfinite",
     "input_roles": "--input",
     "task": "--task",
@@ -205,6 +207,7 @@ def _add_conversion(p: argparse.ArgumentParser) -> None:
     """--opset, --import, --unsafe, --task, --external-data, --quantize:
     what is loaded, and what the file is."""
     from keras_layers.export.converting import DEFAULT_OPSET
+    from keras_layers.export.decoder_gate import MAX_NLL_CHANGE, MIN_AGREEMENT
     from keras_layers.export.options import EXTERNAL_DATA_CHOICES, QUANTIZE_CHOICES
     from keras_layers.export.tasks import TASKS
     from keras_layers.export.validating import INT8_MIN_TOKENS, INT8_MIN_TOP1
@@ -245,7 +248,9 @@ def _add_conversion(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quantize",
         choices=QUANTIZE_CHOICES,
-        help="also write OUT.int8.onnx (dynamic int8), judged by top-1 agreement",
+        help="also write OUT.int8.onnx (dynamic int8), judged by top-1 agreement; with "
+        "--task causal-lm -o FOLDER/, FOLDER/int8/ or FOLDER/int4/ (weight-only MatMulNBits, "
+        "blocks of 32), judged by greedy agreement and log-likelihood change",
     )
     p.add_argument(
         "--int8-min-top1",
@@ -254,6 +259,22 @@ def _add_conversion(p: argparse.ArgumentParser) -> None:
         metavar="SHARE",
         help="the int8 gate: least top-1 agreement with Keras, pooled over the grid's "
         f"real tokens (at least {INT8_MIN_TOKENS}) (default {INT8_MIN_TOP1:g})",
+    )
+    p.add_argument(
+        "--decoder-min-agreement",
+        type=_tolerance,
+        default=MIN_AGREEMENT,
+        metavar="SHARE",
+        help="a quantized decoder's gate: least mean share of greedy tokens equal to Keras' "
+        f"before the first difference (default {MIN_AGREEMENT:g})",
+    )
+    p.add_argument(
+        "--decoder-max-nll-change",
+        type=_tolerance,
+        default=MAX_NLL_CHANGE,
+        metavar="NATS",
+        help="a quantized decoder's gate: largest mean |log-probability change| of a "
+        f"held-out text's tokens (default {MAX_NLL_CHANGE:g})",
     )
 
 

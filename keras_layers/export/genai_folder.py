@@ -29,19 +29,32 @@ tokenizer files. `export_folder` builds that folder as one transaction:
    keras-hub's position layers do not compute takes no `attention_mask`
    (`causal_lm.padding_inputs`): genai then runs it one prompt at a time,
    and the report says so;
-6. place: only when everything passed are the files moved into FOLDER, each
+6. quantize (`--quantize int4|int8`): `FOLDER/int4/` (or `int8/`), the
+   decoder's weights in `MatMulNBits` beside copies of the config and
+   tokenizer files, judged by `decoder_gate` (greedy agreement and the
+   log-likelihood change of a held-out text, against Keras); a failed gate
+   fails the export and keeps the refused folder as `FOLDER.int4.failed`;
+7. place: only when everything passed are the files moved into FOLDER, each
    by an atomic rename under the export's lock (data files first, the config
    last); other files in FOLDER are left alone. On any failure FOLDER is as
    it was.
 """
 
 import json
+import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from keras_layers.export import causal_lm, generation, loading, placement
+from keras_layers.export import (
+    causal_lm,
+    decoder_gate,
+    generation,
+    loading,
+    placement,
+    quantizing,
+)
 from keras_layers.export.errors import OutputError, UsageError, ValidationFailed, argument
 from keras_layers.export.options import ExportOptions
 from keras_layers.export.pipeline import checked_options, export_model
@@ -283,6 +296,17 @@ def _stopped_right(got: list, expected: list, eos: int) -> bool:
     return got == expected[: len(got)] and (len(got) == len(expected) or got[-1:] == [eos])
 
 
+def _genai_tokens(model, og, item: _Expected) -> list:
+    """genai's greedy sequence for one prompt's ids: the prompt, then the new tokens."""
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(item.tokens), do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(item.ids)
+    while not generator.is_done():
+        generator.generate_next_token()
+    return [int(i) for i in generator.get_sequence(0)]
+
+
 def _genai_row(model, og, item: _Expected, eos: int) -> dict:
     tokenizer = None
     ids = item.ids  # a prompt of ids (no preprocessor): nothing to encode
@@ -290,13 +314,7 @@ def _genai_row(model, og, item: _Expected, eos: int) -> dict:
         tokenizer = og.Tokenizer(model)
         tokenizer.update_options(add_special_tokens="true")
         ids = [int(i) for i in tokenizer.encode(item.prompt)]
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(item.tokens), do_sample=False)
-    generator = og.Generator(model, params)
-    generator.append_tokens(item.ids)
-    while not generator.is_done():
-        generator.generate_next_token()
-    tokens = [int(i) for i in generator.get_sequence(0)]
+    tokens = _genai_tokens(model, og, item)
     new = _until_end(tokens[len(item.ids) :], eos)
     text = tokenizer.decode(new) if new and tokenizer is not None else ""
     return {
@@ -460,11 +478,88 @@ def failure(result: dict) -> str:
     return ""
 
 
+def _quantized(kind: str, staging: Path, options, expected: list, keras) -> dict:
+    """`staging/<kind>/`: the decoder's weights quantized beside the folder's
+    config and tokenizer files, judged by `decoder_gate` (through `generate`,
+    and through onnxruntime-genai when it is installed)."""
+    sub = staging / kind
+    sub.mkdir()
+    summary = quantizing.quantize_weights(staging / MODEL_FILE, sub / MODEL_FILE, kind)
+    for path in staging.iterdir():
+        if path.is_file() and path.suffix == ".json" and path.name != REPORT_FILE:
+            shutil.copy2(path, sub / path.name)
+    pairs = [(item.ids, item.tokens) for item in expected]
+    gate = decoder_gate.judge(
+        sub / MODEL_FILE,
+        pairs,
+        keras,
+        options.decoder_min_agreement,
+        options.decoder_max_nll_change,
+    )
+    gate["genai_agreement"] = None
+    try:
+        import onnxruntime_genai as og
+    except ImportError:
+        gate["not_checked"] = [f"genai: {GENAI_MISSING}"]
+    else:
+        model = og.Model(str(sub))
+        shares = [
+            decoder_gate.agreement(_genai_tokens(model, og, item), item.tokens, len(item.ids))
+            for item in expected
+        ]
+        gate["genai_agreement"] = float(np.mean(shares))
+        if not gate["failure"] and gate["genai_agreement"] < options.decoder_min_agreement:
+            gate["failure"] = (
+                f"onnxruntime-genai's greedy agreement {gate['genai_agreement']:.3f} < "
+                f"{options.decoder_min_agreement}"
+            )
+            gate["passed"] = False
+    size = sum(path.stat().st_size for path in sub.iterdir() if path.suffix != ".json")
+    return {**summary, **gate, "file_bytes": size}
+
+
+def _held_out_side(loaded, decoder, context: int) -> decoder_gate.KerasSide:
+    """Keras' side of a quantized decoder's gate, computed before any ONNX."""
+    preprocessor = getattr(loaded.model, "preprocessor", None)
+    held_out = decoder_gate.held_out_ids(
+        preprocessor, decoder.vocabulary, context, decoder.ids_dtype
+    )
+    return decoder_gate.keras_side(
+        lambda ids: causal_lm.forward_logits(loaded, decoder, ids), held_out
+    )
+
+
+def _gate_quantized(report: dict, staging: Path, folder: Path, options, sides) -> None:
+    """Write and judge the quantized folder in `staging`; its figures go into
+    the report, and a failed gate raises with the refused folder kept."""
+    kind = options.quantize
+    gate = _quantized(kind, staging, options, *sides)
+    report["folder"]["quantized"] = {kind: gate}
+    if not gate["passed"]:
+        report["passed"] = False
+        kept = _keep_failed(staging / kind, folder)
+        where = f"kept as {kept}" if kept else "not kept (a path of its name exists)"
+        raise ValidationFailed(
+            f"the {kind} decoder fails its gate: {gate['failure']}. Nothing was placed; the "
+            f"{kind} folder was {where}",
+            report,
+        )
+
+
+def _keep_failed(sub: Path, folder: Path) -> Path | None:
+    """Move a refused quantized folder beside FOLDER as `FOLDER.<kind>.failed`,
+    unless a path of that name exists (then it goes with the staging folder)."""
+    kept = folder.with_name(f"{folder.name}.{sub.name}.failed")
+    if kept.exists():
+        return None
+    shutil.move(str(sub), str(kept))
+    return kept
+
+
 def _checked(options, folder) -> ExportOptions:
     options = checked_options(options)
     refused = [
         (options.report_path is not None, "report_path", "the report is FOLDER/report.json"),
-        (options.quantize is not None, "quantize", "decoders are not quantized yet"),
         (options.external_data == "always", "external_data", "leave it to auto"),
     ]
     for given, name, why in refused:
@@ -476,11 +571,13 @@ def _checked(options, folder) -> ExportOptions:
     return options
 
 
-def _placed(report: dict, folder: Path, staged: list) -> list:
-    """The moves into `folder`: data files, the model, the rest, the config last."""
+def _placed(report: dict, folder: Path, staging: Path) -> list:
+    """The moves into `folder` (a quantized folder's into its own inside it):
+    data files, the models, the rest, each config last."""
     report.update(onnx_path=str(folder / MODEL_FILE), report_path=str(folder / REPORT_FILE))
-    ordered = sorted(staged, key=lambda path: (path.name == CONFIG_FILE, path.name))
-    return [(path, folder / path.name) for path in ordered]
+    staged = [path for path in staging.rglob("*") if path.is_file()]
+    ordered = sorted(staged, key=lambda path: (path.name == CONFIG_FILE, len(path.parts), path))
+    return [(path, folder / path.relative_to(staging)) for path in ordered]
 
 
 def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=CHECK_PROMPTS):
@@ -531,12 +628,13 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
             f"none of the check prompts fits the model's context of {context} tokens with a "
             "new token after it: give shorter prompts"
         )
+    keras = _held_out_side(loaded, decoder, context) if options.quantize else None
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise OutputError(f"{argument('folder', folder)}: {error.strerror or error}") from error
     with placement.staging_folder(folder) as staging:
-        inner = replace(options, report_path=staging / REPORT_FILE)
+        inner = replace(options, report_path=staging / REPORT_FILE, quantize=None)
         report = export_model(loaded.model, staging / MODEL_FILE, inner, task="causal-lm")
         if preprocessor is not None:
             report["tokenizer"] = export_tokenizer(preprocessor, staging).report()
@@ -551,9 +649,12 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
                 "placed.",
                 report,
             )
-        moves = _placed(report, folder, [p for p in staging.iterdir() if p.is_file()])
+        if options.quantize:
+            _gate_quantized(report, staging, folder, options, (expected, keras))
         placement.write_json(report, staging / REPORT_FILE)
-        folder.mkdir(exist_ok=True)
+        moves = _placed(report, folder, staging)
+        for _, target in moves:
+            target.parent.mkdir(exist_ok=True)
         with placement.output_lock(folder / MODEL_FILE):
             placement.place(moves)
     return report

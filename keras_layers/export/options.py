@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from keras_layers.export import converting, validating
+from keras_layers.export import converting, decoder_gate, validating
 from keras_layers.export.errors import UsageError, argument
 from keras_layers.export.inputs import InputRole, parse_override
 
 EXTERNAL_DATA_CHOICES = ("auto", "always", "never")
-QUANTIZE_CHOICES = ("int8",)
+QUANTIZE_CHOICES = ("int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,13 @@ class ExportOptions:
             `"never"`.
         quantize: `"int8"` also writes `OUTPUT.int8.onnx`, quantized dynamically
             and judged by its top-1 agreement with Keras pooled over the grid.
+            With `--task causal-lm` and a folder output, `"int8"` or `"int4"`
+            also writes `FOLDER/int8/` or `FOLDER/int4/`: the decoder's
+            weights quantized (`MatMulNBits`), gated by `keras_layers.export.decoder_gate`.
+        decoder_min_agreement: a quantized decoder's gate: the least mean share
+            of greedy tokens equal to Keras' before the first difference.
+        decoder_max_nll_change: a quantized decoder's gate: the largest mean
+            |log-probability change| of a held-out text's tokens, in nats.
         int8_min_top1: the int8 file's gate: the least share of real tokens
             (at least `validating.INT8_MIN_TOKENS` of them over the grid) whose
             top-1 class agrees with Keras', between 0 and 1.
@@ -85,6 +92,8 @@ class ExportOptions:
     external_data: str = "auto"
     quantize: str | None = None
     int8_min_top1: float = validating.INT8_MIN_TOP1
+    decoder_min_agreement: float = decoder_gate.MIN_AGREEMENT
+    decoder_max_nll_change: float = decoder_gate.MAX_NLL_CHANGE
     allow_nonfinite: bool = False
     input_roles: Mapping[str, InputRole] = field(default_factory=dict)
     memory_check: bool = True
@@ -96,9 +105,11 @@ class ExportOptions:
         _set = object.__setattr__  # the one place a frozen field is normalised
         _set(self, "atol", _tolerance("atol", self.atol))
         _set(self, "rtol", _tolerance("rtol", self.rtol))
-        _set(self, "int8_min_top1", _tolerance("int8_min_top1", self.int8_min_top1))
-        if self.int8_min_top1 > 1:
-            raise UsageError(f"{argument('int8_min_top1', self.int8_min_top1)}: must be <= 1")
+        for name in ("int8_min_top1", "decoder_min_agreement", "decoder_max_nll_change"):
+            _set(self, name, _tolerance(name, getattr(self, name)))
+        for name in ("int8_min_top1", "decoder_min_agreement"):
+            if getattr(self, name) > 1:
+                raise UsageError(f"{argument(name, getattr(self, name))}: must be <= 1")
         converting.check_opset(self.opset)
         _check_choice("quantize", self.quantize, QUANTIZE_CHOICES, "unsupported; ", none_ok=True)
         _check_choice("external_data", self.external_data, EXTERNAL_DATA_CHOICES, "")

@@ -9,6 +9,7 @@ then quantized, the tied table takes its projection's int8 values (see
 `share_tied_int8`), and the slim stage's deduplication stores it once.
 """
 
+import logging
 import tempfile
 from pathlib import Path
 
@@ -149,3 +150,56 @@ def quantize_int8(source, target) -> dict:
     changes = deduplicate_initializers(result)
     onnx.save(result, str(target))
     return {"stored_once": changes}
+
+
+# Weight-only quantization of a decoder's MatMul weights (`quantize_weights`).
+WEIGHT_BITS = {"int4": 4, "int8": 8}
+BLOCK_SIZE = 32
+
+
+def quantize_weights(source, target, kind: str) -> dict:
+    """Write a weight-only quantized copy of the decoder `source` to `target`.
+
+    Every MatMul whose weight is a constant becomes ONNX Runtime's
+    `MatMulNBits` (com.microsoft): the weight in blocks of `BLOCK_SIZE` values
+    along its input axis, each block with its own scale, 4 or 8 bits a value,
+    symmetric; activations stay float32 (ONNX Runtime's own quantizer,
+    `MatMulNBitsQuantizer`, the layout onnxruntime-genai's model builder
+    writes). A tied output projection (a `Transpose` of the embedding) is
+    made a weight first, so it is quantized too.
+
+    Args:
+        source: the validated float32 decoder.
+        target: the file to write (weights inline; a data file beside it
+            when they pass 1.8 GB).
+        kind: "int4" or "int8".
+
+    Returns:
+        `{"bits", "block_size", "quantized"}`: how many MatMuls were quantized.
+    """
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    proto = onnx.load(str(source))
+    materialize_transposes(proto)
+    gemms_to_matmuls(proto)
+    quantizer = MatMulNBitsQuantizer(
+        proto, bits=WEIGHT_BITS[kind], block_size=BLOCK_SIZE, is_symmetric=True
+    )
+    log = logging.getLogger(MatMulNBitsQuantizer.__module__)
+    level = log.level
+    log.setLevel(logging.WARNING)  # not a line per MatMul on the user's terminal
+    try:
+        quantizer.process()
+    finally:
+        log.setLevel(level)
+    result = quantizer.model.model
+    count = sum(node.op_type == "MatMulNBits" for node in result.graph.node)
+    external = sum(len(init.raw_data) for init in result.graph.initializer) > 1_800_000_000
+    onnx.save(
+        result,
+        str(target),
+        save_as_external_data=external,
+        all_tensors_to_one_file=True,
+        location=f"{Path(target).name}.data",
+    )
+    return {"bits": WEIGHT_BITS[kind], "block_size": BLOCK_SIZE, "quantized": count}

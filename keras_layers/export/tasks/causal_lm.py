@@ -45,9 +45,9 @@ class CausalLm:
             )
         if options.quantize is not None:
             raise UsageError(
-                f"{argument('quantize', options.quantize)}: not checked with --task causal-lm "
-                "yet; export without it and quantize the decoder with "
-                "onnxruntime.quantization.quantize_dynamic (benchmarks/generate.py does)"
+                f"{argument('quantize', options.quantize)}: a decoder is quantized into the "
+                "onnxruntime-genai folder, where its gate runs: give -o FOLDER/ (a path "
+                "ending in /) with --task causal-lm"
             )
 
     def describe(self, loaded: LoadedModel) -> tuple[list, list]:

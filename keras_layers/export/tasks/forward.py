@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from keras_layers.export import tracing, validating
+from keras_layers.export.errors import UsageError, argument
 from keras_layers.export.loading import LoadedModel
 from keras_layers.export.options import ExportOptions
 from keras_layers.export.tasks.base import Checks
@@ -23,8 +24,20 @@ class Forward:
     name = "forward"
 
     def check(self, options: ExportOptions) -> None:
-        """Every option fits the forward pass: nothing to refuse."""
-        del options
+        """Refuse int4: weight-only 4 bits is for decoders, in their folder.
+
+        Args:
+            options: the export's options.
+
+        Raises:
+            UsageError: `quantize` is "int4".
+        """
+        if options.quantize == "int4":
+            raise UsageError(
+                f"{argument('quantize', options.quantize)}: 4-bit weights are for decoders, "
+                "written into the onnxruntime-genai folder (task causal-lm, a folder output "
+                "ending in /); for this model int8 is the quantization"
+            )
 
     def describe(self, loaded: LoadedModel) -> tuple[list, list]:
         """The model's own inputs, independent sequences on axes of their own

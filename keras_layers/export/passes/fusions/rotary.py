@@ -222,8 +222,9 @@ def _constant(edit, values: list) -> str:
 
 
 def _table_for_positions(edit, names: dict, positions) -> list:
-    """Nodes of the (positions up to the largest given, and at least as many
-    as the sequence's, head size / 2) table of angles, `names["table"]`, and the positions as int64, `names["ids"]`."""
+    """Nodes of the table of angles `names["table"]` (positions up to the
+    largest given, and at least as many as the sequence's, head size / 2),
+    and the name of the positions as int64."""
     ids, integer, frequencies = positions
     scalar = {v: edit.constant(f"fused_rotary_scalar_{v}", np.array(v, np.int64)) for v in (0, 1)}
     frequencies = edit.constant(
