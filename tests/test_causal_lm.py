@@ -544,9 +544,11 @@ LOCKSTEP_ONLY = {
 @pytest.mark.zoo
 @pytest.mark.parametrize("name", CAUSAL_LMS)
 def test_every_keras_hub_causal_lm_generates_as_keras_or_is_refused(name, tmp_path):
-    """The whole zoo's causal LMs: the export's own checks (32 decode steps,
-    greedy tokens against Keras recomputing), and keras-hub's compiled
-    `generate` as a second oracle."""
+    """The whole zoo's causal LMs, each exported as the onnxruntime-genai
+    folder: the export's own checks (32 decode steps, greedy tokens against
+    Keras recomputing, padded batches where the decoder takes a mask), genai
+    running the folder on prompts of ids alone and batched, and keras-hub's
+    compiled `generate` as a second oracle."""
     try:
         model = zoo_models.build(name)
     except zoo_models.NotATextModel as reason:
@@ -558,10 +560,16 @@ def test_every_keras_hub_causal_lm_generates_as_keras_or_is_refused(name, tmp_pa
             export_model(model, output, task="causal-lm")
         assert caught.value.exit_code == 2, caught.value
         return
-    report = export_model(model, output, task="causal-lm")
+    report = export_model(model, f"{tmp_path / name}/", task="causal-lm")
     assert report["passed"]
     names = {entry["name"] for entry in report["inputs"]}
-    assert ("attention_mask" in names) == (name not in LOCKSTEP_ONLY), LOCKSTEP_ONLY.get(name)
+    padded = name not in LOCKSTEP_ONLY
+    assert ("attention_mask" in names) == padded, LOCKSTEP_ONLY.get(name)
+    genai = report["folder"]["genai"]
+    assert len(genai) == 3 and all(row["tokens_equal"] for row in genai)
+    batched = report["folder"]["genai_batched"]
+    assert len(batched) == (3 if padded else 0) and all(row["batched_equal"] for row in batched)
+    output = tmp_path / name / "model.onnx"
     ids, mask = prompts((5, 2, 7), seed=4)
     ids = ids % zoo_models.VOCAB
     ids[~mask] = 0

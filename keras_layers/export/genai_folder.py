@@ -292,8 +292,11 @@ def _invalid_utf8_gap(text: str, expected: str) -> bool:
 
 
 def _stopped_right(got: list, expected: list, eos: int) -> bool:
-    """The runtime's tokens are Keras' up to where it stopped: the full length, or an end token."""
-    return got == expected[: len(got)] and (len(got) == len(expected) or got[-1:] == [eos])
+    """The runtime's tokens are Keras' up to where it stopped: the full
+    length, or an end token (kept as the last token, or, as genai leaves it
+    out of a sequence it ends, the next of Keras')."""
+    stopped = got[-1:] == [eos] or expected[len(got) : len(got) + 1] == [eos]
+    return got == expected[: len(got)] and (len(got) == len(expected) or stopped)
 
 
 def _genai_tokens(model, og, item: _Expected) -> list:
