@@ -255,6 +255,9 @@ def test_a_llama3_folder_runs_in_genai_with_keras_hub_tokens(tmp_path):
     assert report["folder"]["genai"] and report["folder"]["passed"]
     batched = report["folder"]["genai_batched"]
     assert len(batched) >= 2 and all(row["batched_equal"] for row in batched)
+    sizes = report["folder"]["config"]["model"]["decoder"]
+    assert (sizes["num_attention_heads"], sizes["num_key_value_heads"]) == (4, 2)
+    assert sizes["hidden_size"] == 16 and sizes["head_size"] == 4
     ids, tokens = _genai(tmp_path / "llama3", PROMPTS[0], NEW)
     assert tokens[: len(tokens)] == _keras_hub_greedy(lm, ids, NEW)[: len(tokens)]
 

@@ -159,7 +159,28 @@ def _search(model, context_length: int) -> dict:
     return search
 
 
-def genai_config(decoder, ids: SpecialIds, context_length: int, search: dict) -> dict:
+def query_heads(model, decoder) -> int:
+    """The attention's query heads: the keras-hub backbone's `num_query_heads`
+    (grouped-query models) or `num_heads`, else the cache's heads.
+
+    Args:
+        model: the causal LM.
+        decoder: its description (the cache's key/value heads).
+
+    Returns:
+        The count.
+    """
+    backbone = getattr(model, "backbone", None)
+    for name in ("num_query_heads", "num_heads"):
+        value = getattr(backbone, name, None)
+        if isinstance(value, int) and value > 0 and value % decoder.heads == 0:
+            return value
+    return decoder.heads
+
+
+def genai_config(
+    decoder, ids: SpecialIds, context_length: int, search: dict, heads: int | None = None
+) -> dict:
     """The `genai_config.json` of the folder.
 
     Args:
@@ -167,6 +188,7 @@ def genai_config(decoder, ids: SpecialIds, context_length: int, search: dict) ->
         ids: the start, end and pad ids.
         context_length: the longest sequence the folder is run to.
         search: the search defaults.
+        heads: the query heads (`query_heads`); the cache's by default.
 
     Returns:
         The document: model type `decoder` (a generic decoder: genai's
@@ -185,8 +207,8 @@ def genai_config(decoder, ids: SpecialIds, context_length: int, search: dict) ->
                 "filename": MODEL_FILE,
                 "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
                 "head_size": int(decoder.head_size),
-                "hidden_size": int(decoder.heads * decoder.head_size),
-                "num_attention_heads": int(decoder.heads),
+                "hidden_size": int((heads or decoder.heads) * decoder.head_size),
+                "num_attention_heads": int(heads or decoder.heads),
                 "num_key_value_heads": int(decoder.heads),
                 "num_hidden_layers": int(decoder.layers),
                 "inputs": {
@@ -641,7 +663,8 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
         report = export_model(loaded.model, staging / MODEL_FILE, inner, task="causal-lm")
         if preprocessor is not None:
             report["tokenizer"] = export_tokenizer(preprocessor, staging).report()
-        config = genai_config(decoder, ids, context, _search(loaded.model, context))
+        search, heads = _search(loaded.model, context), query_heads(loaded.model, decoder)
+        config = genai_config(decoder, ids, context, search, heads)
         placement.write_json(config, staging / CONFIG_FILE)
         proof = prove_folder(staging, expected, ids.eos)
         report["folder"] = {"config": config, "context_length": context, **proof}
