@@ -677,8 +677,8 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
             )
         if options.quantize:
             _gate_quantized(report, staging, folder, options, (expected, keras))
+        moves = _placed(report, folder, staging)  # the report names the placed paths
         placement.write_json(report, staging / REPORT_FILE)
-        moves = _placed(report, folder, staging)
         for _, target in moves:
             target.parent.mkdir(exist_ok=True)
         with placement.output_lock(folder / MODEL_FILE):
