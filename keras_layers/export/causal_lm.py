@@ -545,21 +545,17 @@ def _token_check(label: str, got: np.ndarray, expected: np.ndarray) -> validatin
     )
 
 
-def _padded_checks(decoder, label: str, batch: tuple, side: str):
+def _padded_checks(decoder, label: str, batch: tuple, side: str, atol, rtol) -> list:
     """The greedy batch padded (`generation.padded_greedy`): its tokens, and
     the logits that chose them against Keras' for each row alone (a random
     model's greedy tokens can survive an ignored mask; its logits cannot)."""
     ids, mask, expected, keras_logits = batch
     new = expected.shape[1] - ids.shape[1]
     tokens, logits = generation.padded_greedy(decoder, ids, mask, new, side, with_logits=True)
-
-    def checks(atol, rtol) -> list:
-        found = [_token_check(label, tokens, expected)]
-        if found[0].passed:
-            found.append(validating.compare(label, "logits", logits, keras_logits, atol, rtol))
-        return found
-
-    return checks
+    found = [_token_check(label, tokens, expected)]
+    if found[0].passed:
+        found.append(validating.compare(label, "logits", logits, keras_logits, atol, rtol))
+    return found
 
 
 def _merge(label: str, steps: list) -> validating.Check:
@@ -640,8 +636,8 @@ def validate(
             result.checks.append(_token_check(label, got, expected))
             for side in ("right", "left") if decoder.padding_dtypes else ():
                 padded = f"{label}, {side}-padded with attention_mask"
-                checks = _padded_checks(decoder, padded, (ids, mask, expected, logits), side)
-                result.checks.extend(checks(atol, rtol))
+                batch = (ids, mask, expected, logits)
+                result.checks.extend(_padded_checks(decoder, padded, batch, side, atol, rtol))
             if on_step:
                 on_step(done, len(reference.greedy) + 1)
     except Exception as error:  # noqa: BLE001 - the file's failure, reported as one
