@@ -1,4 +1,4 @@
-"""A decoder with its cache, its attention fused and not, generating side by side.
+"""A decoder with its cache, its attention fused two ways and not, generating side by side.
 
     python benchmarks/cached_attention.py           # about 6 minutes
     python benchmarks/cached_attention.py --quick   # a smoke run: tiny models
@@ -7,12 +7,15 @@
 cache, where the logits are (batch, heads, 1, past + 1): small, so what
 `MultiHeadAttention` saves (writing them to memory) is small too, and what
 it adds (reshapes of the cache, the mask's bias expanded) is paid at every
-token. This measures both ways on keras-hub's GPT-2 (plain multi-head
-attention) and Gemma (4 query heads on 1 key/value head), 4 layers x 256
-wide as in benchmarks/generate.py: the same `--task causal-lm` export with
-the attention fusion and without it, each generating 32 tokens greedily
-from a 128- and a 512-token prompt (batch 1 and 8 at 128), interleaved
-round by round (`benchmarks/timing.py`). Both must give the same tokens.
+token; `GroupQueryAttention`, made for this, takes the new keys and values
+and the past and writes the present itself. This measures the three on
+keras-hub's GPT-2 (plain multi-head attention) and Gemma (4 query heads on 1
+key/value head), 4 layers x 256 wide as in benchmarks/generate.py: the same
+`--task causal-lm` export as the pipeline makes it (`gqa`), with
+`MultiHeadAttention` instead (`mha`) and with the traced attention
+(`traced`), each generating 32 tokens greedily from a 128- and a 512-token
+prompt (batch 1 and 8 at 128), interleaved round by round
+(`benchmarks/timing.py`). All must give the same tokens.
 Writes results/cached_attention[.quick].json; docs/performance.md's table
 `cached_attention.speed` is rendered from it.
 """
@@ -35,6 +38,8 @@ QUICK_SIZES = {"vocabulary_size": 256, "num_layers": 2, "hidden_dim": 32, "inter
 SHAPES = [(1, 128), (8, 128), (1, 512)]
 QUICK_SHAPES = [(1, 16)]
 NEW = 32
+CANDIDATES = ("traced", "mha", "gqa")
+OPS = {"mha": "MultiHeadAttention", "gqa": "GroupQueryAttention"}  # the fused files' ops
 
 
 def build(kind: str, sizes: dict):
@@ -54,22 +59,29 @@ def build(kind: str, sizes: dict):
     return keras_hub.models.GemmaCausalLM(backbone, preprocessor=None)
 
 
-def export_both(model, folder: Path) -> dict:
-    """{"fused": path, "unfused": path}: `--task causal-lm` with the attention
-    fusion forced on (the pipeline leaves a cached decoder's unfused) and off."""
+def export_all(model, folder: Path) -> dict:
+    """{candidate: path}: `--task causal-lm` as the pipeline makes it (`gqa`,
+    each attention a `GroupQueryAttention`), with `MultiHeadAttention`
+    forced on instead (`mha`: the rule runs as on a decoder without a cache),
+    and with neither (`traced`)."""
     from keras_layers.export import export_model, slimming
-    from keras_layers.export.passes.fusions import multi_head_attention
+    from keras_layers.export.passes.fusions import group_query_attention, multi_head_attention
 
-    paths = {name: folder / f"{name}.onnx" for name in ("fused", "unfused")}
+    paths = {name: folder / f"{name}.onnx" for name in CANDIDATES}
     original = multi_head_attention.run
 
     def every_form(proto, context):
         return original(proto, dataclasses.replace(context, cached_decoder=False))
 
-    with mock.patch.object(multi_head_attention, "run", every_form):
-        export_model(model, paths["fused"], task="causal-lm")
-    with mock.patch.object(slimming, "PASSES", slimming.without(multi_head_attention)):
-        export_model(model, paths["unfused"], task="causal-lm")
+    export_model(model, paths["gqa"], task="causal-lm")
+    with (
+        mock.patch.object(multi_head_attention, "run", every_form),
+        mock.patch.object(slimming, "PASSES", slimming.without(group_query_attention)),
+    ):
+        export_model(model, paths["mha"], task="causal-lm")
+    neither = slimming.without(multi_head_attention, group_query_attention)
+    with mock.patch.object(slimming, "PASSES", neither):
+        export_model(model, paths["traced"], task="causal-lm")
     return paths
 
 
@@ -81,10 +93,11 @@ def measure(kind: str, sizes: dict, shapes: list, rounds: int) -> dict:
 
     model = build(kind, sizes)
     with tempfile.TemporaryDirectory(prefix="cached_attention_") as folder:
-        paths = export_both(model, Path(folder))
-        fused_ops = sum(
-            n.op_type == "MultiHeadAttention" for n in onnx.load(paths["fused"]).graph.node
-        )
+        paths = export_all(model, Path(folder))
+        fused_ops = {
+            name: sum(n.op_type == OPS[name] for n in onnx.load(paths[name]).graph.node)
+            for name in OPS
+        }
         decoders = {name: CachedDecoder(path) for name, path in paths.items()}
         rows = {}
         for batch, prompt in shapes:
@@ -101,16 +114,16 @@ def measure(kind: str, sizes: dict, shapes: list, rounds: int) -> dict:
                 return call
 
             timed = time_side_by_side({name: run(name) for name in decoders}, rounds, 1, 1)
-            if not np.array_equal(tokens["fused"], tokens["unfused"]):
-                raise SystemExit(
-                    f"{kind}: the fused file generates other tokens at {batch}x{prompt}"
-                )
+            for name in OPS:
+                if not np.array_equal(tokens[name], tokens["traced"]):
+                    raise SystemExit(f"{kind}: {name} generates other tokens at {batch}x{prompt}")
             ms = {name: entry["median_ms"] for name, entry in timed.items()}
-            rows[f"{batch}x{prompt}"] = {
-                "ms": ms,
-                "fused_over_unfused": ms["fused"] / ms["unfused"],
-            }
-            print(f"{kind} {batch}x{prompt}: fused / unfused {ms['fused'] / ms['unfused']:.2f}")
+            over = {name: ms[name] / ms["traced"] for name in OPS}
+            rows[f"{batch}x{prompt}"] = {"ms": ms, "over_traced": over}
+            print(
+                f"{kind} {batch}x{prompt}: "
+                + ", ".join(f"{name} / traced {value:.2f}" for name, value in over.items())
+            )
     return {"fused_ops": fused_ops, "new_tokens": NEW, "latency": rows}
 
 

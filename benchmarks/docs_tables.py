@@ -528,24 +528,23 @@ def attention_forms_speed_table(report: dict) -> str:
 
 
 def cached_attention_speed_table(report: dict) -> str:
-    """A cached decoder generating, its attention fused against unfused."""
+    """A cached decoder generating: traced, `MultiHeadAttention`, `GroupQueryAttention`."""
     rows = []
     for label, entry in report["models"].items():
         for shape, row in entry["latency"].items():
             rows.append(
                 [
                     label,
-                    f"{entry['fused_ops']} MultiHeadAttention",
                     shape.replace("x", " x "),
                     str(entry["new_tokens"]),
-                    f"{row['ms']['unfused']:.1f}",
-                    f"{row['ms']['fused']:.1f}",
-                    f"{row['fused_over_unfused']:.2f}",
+                    *(f"{row['ms'][name]:.1f}" for name in ("traced", "mha", "gqa")),
+                    f"{row['over_traced']['mha']:.2f}",
+                    f"{row['over_traced']['gqa']:.2f}",
                 ]
             )
-    header = ["model", "fused", "batch x prompt", "new tokens", "unfused ms", "fused ms"]
-    header.append("fused / unfused")
-    return markdown_table(header, [False, True, False, True, True, True, True], rows)
+    header = ["model", "batch x prompt", "new tokens", "traced ms", "MHA ms", "GQA ms"]
+    header += ["MHA / traced", "GQA / traced"]
+    return markdown_table(header, [False, False, True, True, True, True, True, True], rows)
 
 
 # --- rule_engines.json -------------------------------------------------------------

@@ -86,18 +86,18 @@ def test_attention_forms_benchmark_quick_mode_fuses_and_agrees():
     assert (results_io.RESULTS / "attention_forms.quick.png").exists()
 
 
-def test_cached_attention_benchmark_quick_mode_times_both_files():
-    """Both decoders generate the same tokens (the script exits otherwise),
-    the fused one with one op per layer."""
+def test_cached_attention_benchmark_quick_mode_times_the_three_files():
+    """The three decoders generate the same tokens (the script exits
+    otherwise), each fused one with one op per layer."""
     from benchmarks import cached_attention
 
     report = cached_attention.main(["--quick"])
     layers = cached_attention.QUICK_SIZES["num_layers"]
     assert set(report["models"]) == {"GPT-2", "Gemma"}
     for entry in report["models"].values():
-        assert entry["fused_ops"] == layers
+        assert entry["fused_ops"] == {"mha": layers, "gqa": layers}
         for row in entry["latency"].values():
-            assert row["ms"]["fused"] > 0 and row["ms"]["unfused"] > 0
+            assert all(row["ms"][name] > 0 for name in cached_attention.CANDIDATES)
 
 
 def test_tokenizers_benchmark_quick_mode_checks_and_times_one_class_per_family():

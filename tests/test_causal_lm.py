@@ -23,6 +23,7 @@ from keras_layers.export import (
     ValidationFailed,
     causal_lm,
     export_model,
+    genai_folder,
     generate,
     generation,
 )
@@ -118,15 +119,27 @@ def test_a_keras_hub_decoder_exports_with_its_cache_and_passes_every_check(expor
     assert report["graph"]["stack_picks_folded"] >= 2
 
 
-def test_attention_stays_unfused_in_a_decoder_with_a_cache(exported):
-    """One query against the whole cache: the fused op costs more than it
-    saves (fusions.fuse_attention, measured by benchmarks/cached_attention.py),
-    so the decoder keeps every attention unfused and says so."""
-    model, _, report = exported
-    graph = report["graph"]
+def test_each_cached_attention_is_one_group_query_attention_writing_its_present(exported):
+    """Every layer's attention becomes ONNX Runtime's `GroupQueryAttention`
+    (passes.fusions.group_query_attention), which writes the present itself:
+    no other node reads the past, so genai may pass one preallocated buffer as
+    past and present. `MultiHeadAttention` leaves a cached decoder alone."""
+    model, path, report = exported
+    graph, layers = report["graph"], model.backbone.num_layers
+    heads = getattr(model.backbone, "num_key_value_heads", None)
+    assert graph["fused"]["GroupQueryAttention"] == layers
     assert graph["fused"]["MultiHeadAttention"] == 0
-    reason = "attention in a decoder with a cache (measured slower fused, see fuse_attention)"
-    assert graph["declined"]["MultiHeadAttention"] == {reason: model.backbone.num_layers}
+    assert "GroupQueryAttention" not in graph["declined"]
+    proto = onnx.load(path)
+    makers = {
+        node.op_type for node in proto.graph.node for name in node.output if "present" in name
+    }
+    assert makers == {"GroupQueryAttention"}
+    why = genai_folder.why_no_shared_buffer(path)
+    if heads != 1:
+        assert why is None
+    else:  # Gemma's zeroing of rows that see no key keeps the traced mask
+        assert why.startswith("past_present_share_buffer: the past is read by Reshape, Shape")
 
 
 def test_rotary_embeddings_are_fused_with_the_cache_offset_inside_their_angles(exported):

@@ -67,7 +67,7 @@ def fuse_attention(proto, shapes: dict, declined: list | None = None, cached: bo
         shapes: `tensor_shapes` of the graph.
         declined: when given, gets (softmax output, reason) for each softmax
             left alone.
-        cached: a decoder exported with its cache (every attention declined).
+        cached: a decoder exported with its cache (left to GroupQueryAttention).
 
     Returns:
         How many were replaced.

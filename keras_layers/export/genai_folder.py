@@ -28,7 +28,11 @@ tokenizer files. `export_folder` builds that folder as one transaction:
    tokens alone) and in `generate` (lockstep). A decoder whose positions
    keras-hub's position layers do not compute takes no `attention_mask`
    (`causal_lm.padding_inputs`): genai then runs it one prompt at a time,
-   and the report says so;
+   and the report says so. Where every layer's attention became
+   `GroupQueryAttention` (`passes.fusions.group_query_attention`), the
+   config sets `past_present_share_buffer` (genai preallocates one
+   max-length cache per layer, written in place) and genai's checks run
+   with it and again without it;
 6. quantize (`--quantize int4|int8`): `FOLDER/int4/` (or `int8/`), the
    decoder's weights in `MatMulNBits` beside copies of the config and
    tokenizer files, judged by `decoder_gate` (greedy agreement and the
@@ -135,8 +139,9 @@ def special_ids(preprocessor, vocabulary: int) -> SpecialIds:
     return ids
 
 
-def _search(model, context_length: int) -> dict:
-    """Search defaults from the model's keras-hub sampler (greedy when none)."""
+def _search(model, context_length: int, shared: bool) -> dict:
+    """Search defaults from the model's keras-hub sampler (greedy when none);
+    `shared`: the decoder may share its past and present buffers."""
     sampler = getattr(model, "sampler", None)
     name = type(sampler).__name__ if sampler is not None and not isinstance(sampler, str) else ""
     name = name or str(sampler or "greedy")
@@ -146,7 +151,7 @@ def _search(model, context_length: int) -> dict:
         "num_return_sequences": 1,
         "max_length": int(context_length),
         "min_length": 0,
-        "past_present_share_buffer": False,
+        "past_present_share_buffer": shared,
         "repetition_penalty": 1.0,
         "temperature": float(getattr(sampler, "temperature", 1.0) or 1.0),
         "top_k": 1,
@@ -157,6 +162,35 @@ def _search(model, context_length: int) -> dict:
     elif "TopP" in name or name == "top_p":
         search.update(do_sample=True, top_k=0, top_p=float(getattr(sampler, "p", 0.9)))
     return search
+
+
+def why_no_shared_buffer(path) -> str | None:
+    """Why onnxruntime-genai may not give the decoder one preallocated cache
+    buffer as both past and present (None where it may): the past must be
+    read by `GroupQueryAttention` alone, which writes the new keys and values
+    in place (`passes.fusions.group_query_attention`). A traced attention
+    returns a new cache, the past then the new tokens, and any other node
+    reading the past would read the buffer's full length.
+
+    Args:
+        path: the decoder's ONNX file (its graph is read, not its weights).
+
+    Returns:
+        The reason, or None.
+    """
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    pasts = {value.name for value in graph.input if value.name.startswith("past_key_values.")}
+    readers = {node.op_type for node in graph.node if pasts & set(node.input)}
+    if readers == {"GroupQueryAttention"}:
+        return None
+    others = ", ".join(sorted(readers - {"GroupQueryAttention"}))
+    return (
+        f"past_present_share_buffer: the past is read by {others} besides any "
+        "GroupQueryAttention (see the report's graph.declined), so the decoder needs a new "
+        "cache per step, the past then the new tokens; it is false"
+    )
 
 
 def query_heads(model, decoder) -> int:
@@ -321,10 +355,12 @@ def _stopped_right(got: list, expected: list, eos: int) -> bool:
     return got == expected[: len(got)] and (len(got) == len(expected) or stopped)
 
 
-def _genai_tokens(model, og, item: _Expected) -> list:
+def _genai_tokens(model, og, item: _Expected, share: bool) -> list:
     """genai's greedy sequence for one prompt's ids: the prompt, then the new tokens."""
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(item.tokens), do_sample=False)
+    params.set_search_options(
+        max_length=len(item.tokens), do_sample=False, past_present_share_buffer=share
+    )
     generator = og.Generator(model, params)
     generator.append_tokens(item.ids)
     while not generator.is_done():
@@ -332,14 +368,14 @@ def _genai_tokens(model, og, item: _Expected) -> list:
     return [int(i) for i in generator.get_sequence(0)]
 
 
-def _genai_row(model, og, item: _Expected, eos: int) -> dict:
+def _genai_row(model, og, item: _Expected, eos: int, share: bool) -> dict:
     tokenizer = None
     ids = item.ids  # a prompt of ids (no preprocessor): nothing to encode
     if item.prompt is not None:
         tokenizer = og.Tokenizer(model)
         tokenizer.update_options(add_special_tokens="true")
         ids = [int(i) for i in tokenizer.encode(item.prompt)]
-    tokens = _genai_tokens(model, og, item)
+    tokens = _genai_tokens(model, og, item, share)
     new = _until_end(tokens[len(item.ids) :], eos)
     text = tokenizer.decode(new) if new and tokenizer is not None else ""
     return {
@@ -353,9 +389,11 @@ def _genai_row(model, og, item: _Expected, eos: int) -> dict:
     }
 
 
-def _genai_batch(model, og, expected: list, eos: int, pad: int) -> list:
+def _genai_batch(model, og, expected: list, ids: tuple, share: bool) -> list:
     """genai on every prompt in one batch: its own padding (on the right) and
-    mask; each row's new tokens must be the same prompt's alone."""
+    mask; each row's new tokens must be the same prompt's alone. `ids` are the
+    end and pad ids."""
+    eos, pad = ids
     new = len(expected[0].tokens) - len(expected[0].ids)
     if expected[0].prompt is not None:
         tokenizer = og.Tokenizer(model)
@@ -367,7 +405,10 @@ def _genai_batch(model, og, expected: list, eos: int, pad: int) -> list:
             batch[row, : len(item.ids)] = item.ids
     params = og.GeneratorParams(model)
     params.set_search_options(
-        max_length=batch.shape[1] + new, do_sample=False, batch_size=len(expected)
+        max_length=batch.shape[1] + new,
+        do_sample=False,
+        batch_size=len(expected),
+        past_present_share_buffer=share,
     )
     generator = og.Generator(model, params)
     generator.append_tokens(batch)
@@ -414,6 +455,23 @@ def _generate_rows(folder: Path, expected: list) -> list:
     return rows
 
 
+def _genai_checks(folder: Path, og, expected: list, config: dict, share: bool) -> dict:
+    """genai's rows with `past_present_share_buffer` set to `share`: one prompt
+    at a time, and all prompts in one batch where the decoder takes
+    `attention_mask`; or the error genai raised."""
+    eos, pad = int(config["model"]["eos_token_id"]), int(config["model"]["pad_token_id"])
+    padded = set(causal_lm.PADDING_INPUTS) <= set(config["model"]["decoder"]["inputs"])
+    found = {"genai": [], "genai_batched": []}
+    try:
+        model = og.Model(str(folder))
+        found["genai"] = [_genai_row(model, og, item, eos, share) for item in expected]
+        if padded:
+            found["genai_batched"] = _genai_batch(model, og, expected, (eos, pad), share)
+    except Exception as error:  # genai's own error type: it refused the folder
+        found["genai_error"] = f"{type(error).__name__}: {error}"
+    return found
+
+
 def prove_folder(folder, expected: list, eos: int) -> dict:
     """Run the folder as users will, on the expected prompts.
 
@@ -426,28 +484,25 @@ def prove_folder(folder, expected: list, eos: int) -> dict:
         `{"passed", "genai", "genai_batched", "generate", "not_checked"}`:
         genai's rows, one prompt at a time (or why genai was not run), and
         all prompts in one batch (for a decoder that takes `attention_mask`),
-        and `generate`'s rows, alone and batched.
+        with the config's `past_present_share_buffer`; `genai_shared` the
+        same with a shared buffer where the config shares none, or without one
+        where it does; and `generate`'s rows, alone and batched.
     """
     folder = Path(folder)
     config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    config["model"]["eos_token_id"] = eos
     result = {"generate": _generate_rows(folder, expected), "not_checked": [], "known_gaps": []}
+    shared = bool(config["search"].get("past_present_share_buffer"))
+    padded = set(causal_lm.PADDING_INPUTS) <= set(config["model"]["decoder"]["inputs"])
     try:
         import onnxruntime_genai as og
     except ImportError:
         result["genai"] = None
         result["not_checked"].append(f"genai: {GENAI_MISSING}")
     else:
-        padded = set(causal_lm.PADDING_INPUTS) <= set(config["model"]["decoder"]["inputs"])
-        result["genai_batched"] = []
-        try:
-            model = og.Model(str(folder))
-            result["genai"] = [_genai_row(model, og, item, eos) for item in expected]
-            if padded:
-                pad = int(config["model"]["pad_token_id"])
-                result["genai_batched"] = _genai_batch(model, og, expected, eos, pad)
-        except Exception as error:  # genai's own error type: it refused the folder
-            result["genai"] = result["genai"] if "genai" in result else []
-            result["genai_error"] = f"{type(error).__name__}: {error}"
+        result.update(_genai_checks(folder, og, expected, config, shared))
+        if shared:
+            result["genai_unshared"] = _genai_checks(folder, og, expected, config, False)
         if any(row["text_gap"] for row in result["genai"]):
             result["known_gaps"] = [INVALID_UTF8_GAP]
         if not padded:
@@ -456,16 +511,21 @@ def prove_folder(folder, expected: list, eos: int) -> dict:
                 "this decoder takes no attention_mask (its positions are not computed by "
                 "keras-hub's position layers); run one prompt at a time"
             )
-    result["not_checked"].append(
-        "past_present_share_buffer: the decoder returns a new cache (past, then the new "
-        "tokens) instead of writing into a preallocated one; leave it false"
-    )
-    rows = [*result["generate"], *(result["genai"] or []), *result.get("genai_batched", [])]
-    keys = ("ids_equal", "tokens_equal", "text_equal", "batched_equal")
-    result["passed"] = "genai_error" not in result and all(
-        row.get(key, True) for row in rows for key in keys
-    )
+    why = None if shared else why_no_shared_buffer(folder / MODEL_FILE)
+    result["not_checked"] += [why] if why else []
+    result["passed"] = _all_equal(result)
     return result
+
+
+def _all_equal(result: dict) -> bool:
+    """Whether genai (both buffer settings) and generate gave Keras' tokens and text."""
+    unshared = result.get("genai_unshared", {})
+    if "genai_error" in result or "genai_error" in unshared:
+        return False
+    rows = [*result["generate"], *(result["genai"] or []), *result.get("genai_batched", [])]
+    rows += [*unshared.get("genai", []), *unshared.get("genai_batched", [])]
+    keys = ("ids_equal", "tokens_equal", "text_equal", "batched_equal")
+    return all(row.get(key, True) for row in rows for key in keys)
 
 
 def failure(result: dict) -> str:
@@ -477,6 +537,11 @@ def failure(result: dict) -> str:
     Returns:
         What differs, for which prompt, with both sides.
     """
+    unshared = result.get("genai_unshared")
+    if unshared is not None:  # the same checks without the shared buffer
+        found = failure({**unshared, "generate": []})
+        if found:
+            return f"{found} (past_present_share_buffer false)"
     if "genai_error" in result:
         return f"onnxruntime-genai refused the folder: {result['genai_error']}"
     for row in result["genai"] or []:
@@ -528,8 +593,12 @@ def _quantized(kind: str, staging: Path, options, expected: list, keras) -> dict
         gate["not_checked"] = [f"genai: {GENAI_MISSING}"]
     else:
         model = og.Model(str(sub))
+        config = json.loads((sub / CONFIG_FILE).read_text(encoding="utf-8"))
+        shared = bool(config["search"].get("past_present_share_buffer"))
         shares = [
-            decoder_gate.agreement(_genai_tokens(model, og, item), item.tokens, len(item.ids))
+            decoder_gate.agreement(
+                _genai_tokens(model, og, item, shared), item.tokens, len(item.ids)
+            )
             for item in expected
         ]
         gate["genai_agreement"] = float(np.mean(shares))
@@ -663,7 +732,8 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
         report = export_model(loaded.model, staging / MODEL_FILE, inner, task="causal-lm")
         if preprocessor is not None:
             report["tokenizer"] = export_tokenizer(preprocessor, staging).report()
-        search, heads = _search(loaded.model, context), query_heads(loaded.model, decoder)
+        shared = why_no_shared_buffer(staging / MODEL_FILE) is None
+        search, heads = _search(loaded.model, context, shared), query_heads(loaded.model, decoder)
         config = genai_config(decoder, ids, context, search, heads)
         placement.write_json(config, staging / CONFIG_FILE)
         proof = prove_folder(staging, expected, ids.eos)

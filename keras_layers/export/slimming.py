@@ -33,6 +33,7 @@ from keras_layers.export.passes.canonical import canonicalize, compact_names
 from keras_layers.export.passes.context import Context, Step, run_passes
 from keras_layers.export.passes.fusions import (
     gelu,
+    group_query_attention,
     layer_norm,
     matmul,
     multi_head_attention,
@@ -108,6 +109,9 @@ PASSES = (
     Step(axis_names),
     # Before the sharing, which merges the layers' copies of the angle tables.
     Step(rotary, _with_onnxslim),
+    # A decoder's cached attention, which multi_head_attention leaves alone:
+    # after the rotary rule, whose symbolic dims stop at a contrib op.
+    Step(group_query_attention, _with_onnxslim),
     # Last of the rewrites: the fusions match `Shape`s of the very tensors they reshape.
     Step(share_shapes),
     Step(common_subexpressions, _with_copies),  # the copies the sharing made identical

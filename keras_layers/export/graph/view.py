@@ -222,6 +222,14 @@ class Edit:
         nodes[-1].output.extend(node.output)
         self._replaced[node.output[0]] = nodes
 
+    def remove(self, node) -> None:
+        """Drop `node`; another node must now make its outputs.
+
+        Args:
+            node: the node removed.
+        """
+        self._replaced[node.output[0]] = []
+
     def after(self, name: str, nodes: list) -> None:
         """Put `nodes` right after the node that makes `name`.
 

@@ -21,6 +21,8 @@ Each rule's module is a pass (`run(proto, context) -> PassResult`, listed in
 - `matmul`: the `Tensordot` detour of a 3-D `Dense` as one `MatMul`;
 - `multi_head_attention`: `MultiHeadAttention` (com.microsoft), matched
   with the pieces of `attention` and `grouped_attention`;
+- `group_query_attention`: a cached decoder's attention, with its past and
+  present, as `GroupQueryAttention` (com.microsoft);
 - `rms_norm`: `SimplifiedLayerNormalization`;
 - `rotary`: `RotaryEmbedding` (com.microsoft);
 - `gelu`: TensorFlow's exact GELU as `Gelu` by a rule of ours, then ONNX

@@ -23,8 +23,6 @@ from keras_layers.export.passes.fusions.grouped_attention import GROUPED_BACK, m
 from keras_layers.export.passes.fusions.pattern import Rule, attribute, run_rule
 
 MAKES = ("MultiHeadAttention",)
-# Why each attention of a decoder with a cache is left alone (see `run`).
-CACHED = "attention in a decoder with a cache (measured slower fused, see fuse_attention)"
 
 
 def _match(g, softmax):
@@ -46,12 +44,6 @@ def _match(g, softmax):
     if isinstance(found.mask, str):
         found.mask_rank = len(g.shapes.get(found.mask, ((),))[0])
     return found
-
-
-def _match_uncached(g, softmax):
-    """`_match`, every attention found declined for `CACHED`."""
-    found = _match(g, softmax)
-    return found if found is None or isinstance(found, str) else CACHED
 
 
 def _visible_rows(edit, mask, rank):
@@ -381,10 +373,6 @@ SEVERAL_AXES = Rule(
     match=_softmax_over_axes,
     rewrite=None,
 )
-# The rule for a decoder with a cache: every attention found is declined.
-UNCACHED_ONLY = Rule(
-    makes=RULE.makes, anchor=RULE.anchor, form=RULE.form, match=_match_uncached, rewrite=_rewrite
-)
 
 
 def run(proto, context: Context) -> PassResult:
@@ -407,12 +395,14 @@ def run(proto, context: Context) -> PassResult:
     give finite logits, so only a model that already computes NaN at its
     padded positions sees it. Needs opset 15 (`Shape` with `start`/`end`).
 
-    A decoder exported with its cache (`context.cached_decoder`) keeps every
-    attention, with the reason `CACHED`: each new token is one query against
-    the whole cache, so the logits the fused op keeps out of memory are
-    small, and what it adds (the cache reshaped, the mask's bias expanded,
+    A decoder exported with its cache (`context.cached_decoder`) is left to
+    `group_query_attention`: each new token is one query against the whole
+    cache, so the logits this op keeps out of memory are small, and what it
+    adds (the cache concatenated and reshaped, the mask's bias expanded,
     grouped key/value heads repeated) is paid at every token
-    (benchmarks/results/cached_attention.json: fused slower at every size).
+    (benchmarks/results/cached_attention.json: slower than the traced
+    attention at batch 8 and at 512 tokens, `GroupQueryAttention` faster
+    everywhere).
 
     Args:
         proto: the ModelProto, rewritten in place.
@@ -426,8 +416,9 @@ def run(proto, context: Context) -> PassResult:
     """
     if context.opset < 15:
         return PassResult(proto, {"MultiHeadAttention": 0}, (("", "opset below 15"),))
-    rule = UNCACHED_ONLY if context.cached_decoder else RULE
-    result = run_rule(rule, proto, context.shapes)
+    if context.cached_decoder:
+        return PassResult(proto, {"MultiHeadAttention": 0})
+    result = run_rule(RULE, proto, context.shapes)
     declined = list(result.declined)
     pattern.apply(SEVERAL_AXES, proto, declined, context.shapes)
     return PassResult(proto, result.fused, tuple(declined), result.changed)
