@@ -136,10 +136,36 @@ def test_each_cached_attention_is_one_group_query_attention_writing_its_present(
     }
     assert makers == {"GroupQueryAttention"}
     why = genai_folder.why_no_shared_buffer(path)
+    assert CachedDecoder(path).shares_buffer is (why is None)
     if heads != 1:
         assert why is None
     else:  # Gemma's zeroing of rows that see no key keeps the traced mask
         assert why.startswith("past_present_share_buffer: the past is read by Reshape, Shape")
+
+
+def test_generate_writes_one_shared_cache_buffer_in_place_with_the_same_tokens(exported):
+    """Where only GroupQueryAttention reads the past, `generate` binds one
+    max-length buffer per cache as past and present (`SharedCache`): the
+    tokens equal those of a new cache per step (and the export's greedy
+    checks, which run `generate`, compare them with Keras)."""
+    model, path, _ = exported
+    decoder = CachedDecoder(path)
+    if getattr(model.backbone, "num_key_value_heads", 0) == 1:
+        assert not decoder.shares_buffer  # Gemma's zeroed rows read the past's length
+        return
+    assert decoder.shares_buffer
+    ids = np.random.default_rng(5).integers(1, VOCAB, (3, 6))
+    shared = generate(decoder, ids, 12)
+    decoder.shares_buffer = False
+    np.testing.assert_array_equal(generate(decoder, ids, 12), shared)
+    buffers = generation.SharedCache(decoder, 3, 20)
+    logits = buffers.step(ids.astype(decoder.ids_dtype))
+    grown, cache = decoder.step(ids, decoder.empty_cache(3))
+    np.testing.assert_allclose(logits, grown, rtol=1e-5, atol=1e-6)
+    for name, value in buffers.buffers.items():  # written in place, the rest still zero
+        written = value.numpy()
+        np.testing.assert_allclose(written[:, :, :6], cache[name], rtol=1e-6, atol=1e-7)
+        assert not written[:, :, 6:].any()
 
 
 def test_rotary_embeddings_are_fused_with_the_cache_offset_inside_their_angles(exported):

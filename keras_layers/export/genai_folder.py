@@ -178,11 +178,7 @@ def why_no_shared_buffer(path) -> str | None:
     Returns:
         The reason, or None.
     """
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-    pasts = {value.name for value in graph.input if value.name.startswith("past_key_values.")}
-    readers = {node.op_type for node in graph.node if pasts & set(node.input)}
+    readers = generation.past_readers(path)
     if readers == {"GroupQueryAttention"}:
         return None
     others = ", ".join(sorted(readers - {"GroupQueryAttention"}))

@@ -163,6 +163,10 @@ class CachedDecoder:
         self.output_names = list(outputs)
         last = outputs["logits"].shape[-1] if outputs["logits"].shape else None
         self._vocabulary = last if isinstance(last, int) and last > 0 else None
+        # Only GroupQueryAttention reads the past: one buffer may be past and present.
+        self.shares_buffer = past_readers(path) == {"GroupQueryAttention"} and bool(
+            self.padding_dtypes
+        )
         self._runs = 0  # the longest sequence the file ran (`longest_sequence`)
         self._fails: int | None = None  # the shortest it failed on
         self._failure = ""  # ONNX Runtime's message for that one
@@ -297,6 +301,71 @@ class CachedDecoder:
     def failure(self) -> str:
         """ONNX Runtime's message for the shortest sequence the file failed on."""
         return self._failure
+
+
+class SharedCache:
+    """One max-length buffer per cache, bound as both the past and the present
+    of each step, for a decoder whose past only `GroupQueryAttention` reads
+    (`CachedDecoder.shares_buffer`): the op writes the new keys and values
+    into it in place, as onnxruntime-genai's `past_present_share_buffer`
+    does, instead of returning a new cache (a copy of the past) every step.
+    Steps run in lockstep: no padding, every row `length` tokens long.
+
+    Args:
+        decoder: the decoder.
+        batch: rows.
+        capacity: the longest sequence the steps will reach.
+    """
+
+    def __init__(self, decoder: CachedDecoder, batch: int, capacity: int):
+        import onnxruntime as ort
+
+        self.decoder, self.batch, self.length = decoder, batch, 0
+        self.buffers = {
+            cache.name: ort.OrtValue.ortvalue_from_numpy(cache.empty(batch, capacity))
+            for cache in decoder.cache_inputs
+        }
+
+    def step(self, token_ids: np.ndarray) -> np.ndarray:
+        """Run the file on the new tokens, the buffers written in place.
+
+        Args:
+            token_ids: int array (batch, new tokens).
+
+        Returns:
+            The new tokens' logits (batch, new tokens, vocabulary).
+        """
+        decoder = self.decoder
+        token_ids = np.asarray(token_ids, decoder.ids_dtype)
+        shape = (self.batch, self.length + token_ids.shape[1])
+        feeds = decoder._padding_feeds(token_ids.shape, self.length, None, None)
+        feeds["attention_mask"] = np.ones(shape, decoder.padding_dtypes["attention_mask"])
+        binding = decoder.session.io_binding()
+        binding.bind_output("logits")  # the first output bound: get_outputs()[0]
+        for name, value in {"input_ids": token_ids, **feeds}.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name, present in zip(decoder._cache_names, decoder.presents, strict=True):
+            binding.bind_ortvalue_input(name, self.buffers[name])
+            binding.bind_ortvalue_output(present, self.buffers[name])
+        decoder.session.run_with_iobinding(binding)
+        self.length = shape[1]
+        return binding.get_outputs()[0].numpy()
+
+
+def past_readers(path) -> set:
+    """The op types of the nodes that read a decoder's `past_key_values.*` inputs.
+
+    Args:
+        path: the decoder's ONNX file (its graph is read, not its weights).
+
+    Returns:
+        The set of op types.
+    """
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    pasts = {value.name for value in graph.input if value.name.startswith(_PAST)}
+    return {node.op_type for node in graph.node if pasts & set(node.input)}
 
 
 def _numpy_dtype(onnx_type: str, name: str) -> np.dtype:
@@ -752,7 +821,8 @@ def _run(decoder, token_ids, mask, max_new_tokens, pick, end_token_id, pad_token
     tokens[:, :prompt_length] = np.where(mask, prompts, pad_token_id)
     done = np.zeros(batch, bool)
     start = int(lengths.min())
-    logits, cache = decoder.step(tokens[:, :start], decoder.empty_cache(batch))
+    step = _stepper(decoder, batch, int(ends.max()))
+    logits = step(tokens[:, :start])
     for position in range(start, int(ends.max())):
         sampled = pick(logits[:, -1])
         generating = (position >= lengths) & (position < ends) & ~done
@@ -761,8 +831,23 @@ def _run(decoder, token_ids, mask, max_new_tokens, pick, end_token_id, pad_token
             done |= generating & (sampled == end_token_id)
         if ((position + 1 >= ends) | done).all():
             break
-        logits, cache = decoder.step(tokens[:, position : position + 1], cache)
+        logits = step(tokens[:, position : position + 1])
     return tokens
+
+
+def _stepper(decoder: CachedDecoder, batch: int, capacity: int):
+    """A function of the new tokens giving their logits, the cache kept
+    inside: one shared buffer where the decoder allows it (`SharedCache`),
+    else a new cache each step."""
+    if decoder.shares_buffer:
+        return SharedCache(decoder, batch, capacity).step
+    cache = [decoder.empty_cache(batch)]
+
+    def step(token_ids):
+        logits, cache[0] = decoder.step(token_ids, cache[0])
+        return logits
+
+    return step
 
 
 def padded_greedy(
