@@ -36,6 +36,7 @@ PAGE = ROOT / "docs" / "performance.md"
 # Pages other than PAGE, by the results file their tables are read from.
 PAGES_BY_STEM = {
     "generate": ROOT / "docs" / "generation.md",
+    "genai": ROOT / "docs" / "generation.md",
     "mutation": ROOT / "docs" / "conformance.md",
     "tokenizers": ROOT / "docs" / "tokenizers.md",
 }
@@ -547,6 +548,52 @@ def cached_attention_speed_table(report: dict) -> str:
     return markdown_table(header, [False, False, True, True, True, True, True, True], rows)
 
 
+# --- genai.json ---------------------------------------------------------------------
+
+GENAI_LABELS = {
+    "genai_fp32": "our folder in genai, fp32",
+    "genai_fp32_all_cores": "the same, genai on all cores",
+    "genai_int8": "our folder in genai, int8",
+    "genai_int4": "our folder in genai, int4",
+    "ours_generate": "our file through generate()",
+    "keras_hub": "keras-hub generate (compiled)",
+    "builder": "genai's model builder folder, fp32",
+}
+
+
+def _genai_row(entry: dict, row: dict, name: str) -> list:
+    result = row.get(name, {})
+    where = [entry["model"], str(row["batch"]), GENAI_LABELS[name]]
+    if "tokens_per_second" not in result:
+        why = str(result.get("error", "not run")).split("Error: ")[-1].replace("|", "/")
+        return where + ["-"] * 5 + [why[:90]]
+    size = entry["files"].get(name, {}).get("model_bytes", 0) / 1e6
+    rss = entry["peak_rss_mb"].get(name)
+    same = result.get("same_tokens_as_keras_hub")
+    return where + [
+        f"{result['tokens_per_second']:,.0f}",
+        f"{result['tokens_per_second'] / row['keras_hub']['tokens_per_second']:.2f}x",
+        f"{result['first_token_ms']:.1f}",
+        f"{rss:.0f}" if isinstance(rss, float) else "-",
+        f"{size:.1f}" if size else "-",
+        "-" if name == "keras_hub" else ("yes" if same else "no"),
+    ]
+
+
+def genai_speed_table(report: dict) -> str:
+    """Tokens per second in onnxruntime-genai and beside it, each candidate at each point."""
+    rows = [
+        _genai_row(entry, row, name)
+        for entry in report["models"]
+        for row in entry["rows"]
+        for name in GENAI_LABELS
+        if name in row or name in report["candidates"]
+    ]
+    header = ["model", "batch", "candidate", "new tokens/s", "x keras-hub", "first token ms"]
+    header += ["peak RSS MB", "model MB", "tokens = keras-hub's"]
+    return markdown_table(header, [False, True, False, True, True, True, True, True, False], rows)
+
+
 # --- rule_engines.json -------------------------------------------------------------
 
 
@@ -807,6 +854,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "attention_forms.speed": attention_forms_speed_table,
     "rule_engines.speed": rule_engines_speed_table,
     "cached_attention.speed": cached_attention_speed_table,
+    "genai.speed": genai_speed_table,
 }
 
 

@@ -172,3 +172,23 @@ def test_real_models_benchmark_quick_mode_compares_all_four_exports():
     for timing in report["skip_norms"]["ms"].values():
         assert len(timing) == 2 * len(real_models.SKIP_NORMS)
     assert (results_io.RESULTS / "real_models.quick.png").exists()
+
+
+def test_genai_benchmark_quick_mode_times_every_candidate_with_keras_hub_tokens():
+    """Every candidate (the optional builder aside) generates at every point,
+    to the full length; genai on the float folder gives keras-hub's tokens."""
+    from benchmarks import genai
+
+    report = genai.main(["--quick"])
+    assert [entry["model"] for entry in report["models"]] == ["gpt2", "llama"]
+    for entry in report["models"]:
+        assert [row["batch"] for row in entry["rows"]] == list(genai.BATCHES)
+        assert isinstance(entry["files"]["genai_fp32"]["past_present_share_buffer"], bool)
+        for row in entry["rows"]:
+            for name in genai.CANDIDATES:
+                assert row[name]["tokens_per_second"] > 0, (entry["model"], name)
+                assert row[name]["first_token_ms"] > 0 and row[name]["length_reached"], name
+            assert row["genai_fp32"]["same_tokens_as_keras_hub"], (entry["model"], row["batch"])
+    written = json.loads((results_io.RESULTS / "genai.quick.json").read_text())
+    assert written["candidates"] == list(genai.CANDIDATES)
+    assert written["targets"] == report["targets"]

@@ -353,7 +353,9 @@ class SharedCache:
 
 
 def past_readers(path) -> set:
-    """The op types of the nodes that read a decoder's `past_key_values.*` inputs.
+    """The op types of the nodes that read a decoder's `past_key_values.*`
+    inputs, less `Shape`s of their batch, heads and head size alone (what a
+    shared max-length buffer does not change).
 
     Args:
         path: the decoder's ONNX file (its graph is read, not its weights).
@@ -365,7 +367,21 @@ def past_readers(path) -> set:
 
     graph = onnx.load(str(path), load_external_data=False).graph
     pasts = {value.name for value in graph.input if value.name.startswith(_PAST)}
-    return {node.op_type for node in graph.node if pasts & set(node.input)}
+    return {
+        node.op_type
+        for node in graph.node
+        if pasts & set(node.input) and not _reads_no_length(node)
+    }
+
+
+def _reads_no_length(node) -> bool:
+    """Whether `node` is a `Shape` of (batch, heads, length, size) that leaves out the length."""
+    if node.op_type != "Shape":
+        return False
+    given = {attribute.name: attribute.i for attribute in node.attribute}
+    start, end = given.get("start", 0), given.get("end", 4)
+    start, end = (axis + 4 if axis < 0 else axis for axis in (start, end))
+    return not start <= 2 < end
 
 
 def _numpy_dtype(onnx_type: str, name: str) -> np.dtype:

@@ -41,13 +41,16 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto, helper
 
+from keras_layers.export.graph import Edit, Graph
 from keras_layers.export.passes.context import Context, PassResult
 from keras_layers.export.passes.fusions.attention import HEADS_FIRST, MASKED, Attention, transposed
 from keras_layers.export.passes.fusions.multi_head_attention import _match as match_attention
-from keras_layers.export.passes.fusions.pattern import Rule, run_rule
+from keras_layers.export.passes.fusions.pattern import Rule, attribute, run_rule
 
 MAKES = ("GroupQueryAttention",)
 MASK_INPUT = "attention_mask"  # as onnxruntime-genai and optimum name it
+IDS_INPUT = "input_ids"
+PAST_PREFIX = "past_key_values."
 # ONNX Runtime 1.32's CPU kernel refuses other head sizes at run time.
 HEAD_SIZE_MULTIPLE = 8
 KV_AXIS = 1  # the sequence axis of the (B, S, K, H) caches the trace concatenates
@@ -302,4 +305,80 @@ def run(proto, context: Context) -> PassResult:
     """
     if not context.cached_decoder:
         return PassResult(proto, {"GroupQueryAttention": 0})
-    return run_rule(RULE, proto, context.shapes)
+    result = run_rule(RULE, proto, context.shapes)
+    if result.fused["GroupQueryAttention"]:
+        past_lengths_from_the_mask(proto, context.shapes)
+    return result
+
+
+def past_lengths_from_the_mask(proto, shapes=None) -> int:
+    """Give each `Shape` of a past cache (or of its (B, P, K, H) view) the past
+    length `attention_mask`'s width less the new tokens', instead of the
+    cache's own length.
+
+    The two are equal by the inputs' contract, except where onnxruntime-genai
+    passes one preallocated max-length buffer as the past
+    (`past_present_share_buffer`): then only the mask tells the length.
+    What still reads the cache's shape once the attention is fused (Gemma
+    zeroes the rows that see no key with a mask built from it) then computes
+    the same in both modes.
+
+    Args:
+        proto: the ModelProto, rewritten in place.
+        shapes: `graph.tensor_shapes` of the graph, which tell a `Reshape`
+            that transposes (one key/value head) from one that does not.
+
+    Returns:
+        How many `Shape` nodes now read the mask.
+    """
+    g = Graph(proto.graph, shapes)
+    if not {MASK_INPUT, IDS_INPUT} <= g.inputs:
+        return 0
+    edit = Edit(proto)
+    for past in [name for name in g.inputs if name.startswith(PAST_PREFIX)]:
+        for node in g.consumers[past]:
+            if node.op_type == "Shape":
+                _shape_from_the_mask(edit, node, past, None)
+            elif transposed(g, node.output[0], HEADS_FIRST) == past:
+                for reader in g.consumers[node.output[0]]:
+                    if reader.op_type == "Shape":
+                        _shape_from_the_mask(edit, reader, past, HEADS_FIRST)
+    edit.commit()
+    return edit.count
+
+
+def _shape_from_the_mask(edit, shape, past: str, perm) -> None:
+    """Nodes for `shape`, a `Shape` of `past` (B, K, P, H) or of its `perm`
+    view, with P the mask's width less the new tokens'."""
+
+    def length():
+        made = {label: edit.fresh(f"gqa_{label}") for label in ("total_64", "new_64", "past")}
+        edit.after(
+            MASK_INPUT,
+            [
+                helper.make_node("Shape", [MASK_INPUT], [made["total_64"]], start=1, end=2),
+                helper.make_node("Shape", [IDS_INPUT], [made["new_64"]], start=1, end=2),
+                helper.make_node("Sub", [made["total_64"], made["new_64"]], [made["past"]]),
+            ],
+        )
+        return made["past"]
+
+    past_length = edit.once("gqa_past_length", length)
+    out = shape.output[0]
+    heads, size, dims = (edit.fresh(f"{out}_{label}") for label in ("bk", "h", "dims"))
+    nodes = [
+        helper.make_node("Shape", [past], [heads], start=0, end=2),
+        helper.make_node("Shape", [past], [size], start=3, end=4),
+        helper.make_node("Concat", [heads, past_length, size], [dims], axis=0),
+    ]
+    if perm is not None:
+        order = edit.constant(f"gqa_perm_{'_'.join(map(str, perm))}", np.array(perm, np.int64))
+        nodes.append(helper.make_node("Gather", [dims, order], [edit.fresh(f"{out}_perm")]))
+    start = attribute(shape, "start", 0)
+    end = attribute(shape, "end", 4)
+    start, end = (max(0, min(4, axis + 4 if axis < 0 else axis)) for axis in (start, end))
+    if (start, end) != (0, 4):
+        bounds = [edit.constant(f"gqa_at_{at}", np.array([at], np.int64)) for at in (start, end)]
+        nodes.append(helper.make_node("Slice", [nodes[-1].output[0], *bounds], ["sliced"]))
+    edit.replace(shape, nodes)
+    edit.count += 1
