@@ -13,6 +13,11 @@ it; the row records the exit status the command line would give (0 passed, 1
 error), the worst difference on the validation grid and on an independent
 right-padded feed, the file's size over the parameter bytes, the node counts
 (tf2onnx's graph, and ours after slimming), the fused ops and the export time.
+Each causal LM is also exported as the onnxruntime-genai folder (`--task
+causal-lm -o FOLDER/`, prompts of ids): the genai column says on how many
+prompts genai gave Keras' greedy tokens alone and in one padded batch, and
+whether the folder shares one cache buffer (`GroupQueryAttention`), or why it
+was not exported.
 
 The table between `<!-- table: zoo -->` and `<!-- /table -->` on
 docs/models.md is rendered from results/zoo.json alone, so
@@ -121,6 +126,8 @@ def run_model(entry, folder: Path) -> dict:
         row["error"] = _one_line(error)
     if report is not None:
         _from_report(row, report)
+    if entry.name.endswith("CausalLM"):
+        row["genai"] = genai_folder(model, folder / f"{entry.name}_folder")
     if error is None:
         try:
             differences = zoo_models.parity(model, output, zoo_models.padded_feed(model))
@@ -131,6 +138,55 @@ def run_model(entry, folder: Path) -> dict:
             row["status"] = "feed mismatch"
             row["error"] = _one_line(caught)
     return row
+
+
+def genai_folder(model, folder: Path) -> dict:
+    """A causal LM exported as the onnxruntime-genai folder (`--task causal-lm
+    -o FOLDER/`, prompts of ids): what the export's proof found in genai.
+
+    Args:
+        model: the causal LM.
+        folder: the folder to write.
+
+    Returns:
+        `passed`, the prompts genai gave Keras' tokens alone and batched (of
+        how many), whether the config shares the cache buffer (then genai
+        also ran without), the `GroupQueryAttention` count, or the error.
+    """
+    from keras_layers.export import ValidationFailed, export_model
+
+    try:
+        report = export_model(model, f"{folder}/", task="causal-lm")
+    except Exception as caught:
+        found = {"passed": False, "error": _one_line(caught)}
+        report = caught.report if isinstance(caught, ValidationFailed) else None
+        if report is None or "folder" not in report:
+            return found
+    else:
+        found = {"passed": True, "error": None}
+    proof = report["folder"]
+    rows, batched = proof.get("genai") or [], proof.get("genai_batched") or []
+    return found | {
+        "alone": [sum(row["tokens_equal"] for row in rows), len(rows)],
+        "batched": [sum(row["batched_equal"] for row in batched), len(batched)],
+        "shared_buffer": bool(proof["config"]["search"]["past_present_share_buffer"]),
+        "group_query_attention": report["graph"]["fused"].get("GroupQueryAttention", 0),
+        "not_checked": proof.get("not_checked", []),
+    }
+
+
+def _genai_cell(row: dict) -> str:
+    """The genai column: prompts equal alone and batched, the shared buffer."""
+    genai = row.get("genai")
+    if not genai:
+        return ""
+    if "alone" not in genai:  # the reason, after the protocol the refusal names
+        why = genai["error"].split("head size)); ", 1)[-1].split(". Export a keras-hub")[0]
+        return f"not exported (exit 2): {why}"[:160].replace("|", "/")
+    (alone, of), (batched, together) = genai["alone"], genai["batched"]
+    parts = [f"{alone}/{of} alone", f"{batched}/{together} batched" if together else "lockstep"]
+    parts.append("shared buffer" if genai["shared_buffer"] else "own cache per step")
+    return ("" if genai["passed"] else "failed: ") + ", ".join(parts)
 
 
 def run(names: list | None = None) -> list:
@@ -217,6 +273,7 @@ def zoo_table(report: dict) -> str:
         "fused",
         "export s",
         "tokenizer",
+        "onnxruntime-genai folder",
         "note",
     ]
     # The tokenizer column joins results/tokenizers.json (benchmarks/tokenizer_speed.py).
@@ -237,11 +294,13 @@ def zoo_table(report: dict) -> str:
             ),
             _number(row.get("export_seconds"), ".1f"),
             tokenizers.get(row["name"], ""),
+            _genai_cell(row),
             _note(row),
         ]
         for row in tested
     ]
-    table = markdown_table(header, [False] * 3 + [True] * 5 + [False, True, False, False], rows)
+    aligned = [False] * 3 + [True] * 5 + [False, True, False, False, False]
+    table = markdown_table(header, aligned, rows)
     skipped = [row for row in report["models"] if row["status"] == "skipped"]
     lines = [f"- `{row['name']}`: {row['error']}" for row in skipped]
     unfused, rotations = (_declined(tested, op) for op in ("MultiHeadAttention", "RotaryEmbedding"))

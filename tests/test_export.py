@@ -322,6 +322,7 @@ def test_layer_norms_and_dense_layers_are_folded(encoder_export):
         "MultiHeadAttention": 2,
         "SimplifiedLayerNormalization": 0,  # LayerNorms, not RMS norms
         "RotaryEmbedding": 0,  # sinusoidal positions, added once, not rotations
+        "GroupQueryAttention": 0,  # no cache: GroupQueryAttention is the cached decoder's
         # The encoder's feed-forward uses relu: no gelu to fuse.
         "Gelu": 0,
         "BiasGelu": 0,
