@@ -480,9 +480,9 @@ def prove_folder(folder, expected: list, eos: int) -> dict:
         `{"passed", "genai", "genai_batched", "generate", "not_checked"}`:
         genai's rows, one prompt at a time (or why genai was not run), and
         all prompts in one batch (for a decoder that takes `attention_mask`),
-        with the config's `past_present_share_buffer`; `genai_shared` the
-        same with a shared buffer where the config shares none, or without one
-        where it does; and `generate`'s rows, alone and batched.
+        with the config's `past_present_share_buffer`; `genai_unshared` the
+        same without the shared buffer, where the config shares one; and
+        `generate`'s rows, alone and batched.
     """
     folder = Path(folder)
     config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))

@@ -49,6 +49,7 @@ import math
 import numbers
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -163,13 +164,18 @@ class CachedDecoder:
         self.output_names = list(outputs)
         last = outputs["logits"].shape[-1] if outputs["logits"].shape else None
         self._vocabulary = last if isinstance(last, int) and last > 0 else None
-        # Only GroupQueryAttention reads the past: one buffer may be past and present.
-        self.shares_buffer = past_readers(path) == {"GroupQueryAttention"} and bool(
-            self.padding_dtypes
-        )
+        self._path = path
         self._runs = 0  # the longest sequence the file ran (`longest_sequence`)
         self._fails: int | None = None  # the shortest it failed on
         self._failure = ""  # ONNX Runtime's message for that one
+
+    @cached_property
+    def shares_buffer(self) -> bool:
+        """Whether only `GroupQueryAttention` reads the past, so that one buffer
+        may be past and present (`SharedCache`). Read from the file's graph on
+        first use (by `generate`), not when the session opens: `step` alone
+        never needs it."""
+        return bool(self.padding_dtypes) and past_readers(self._path) == {"GroupQueryAttention"}
 
     @property
     def _cache_names(self) -> list:
