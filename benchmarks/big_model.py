@@ -1,6 +1,6 @@
-"""Big models: peak memory and time of a whole export, from 0.5 GB to 4 GB of weights.
+"""Big models: peak memory and time of a whole export, from 0.1 GB to 4 GB of weights.
 
-    python benchmarks/big_model.py                 # the sweep, 0.5/1/2.5/4 GB + keras-hub 1B
+    python benchmarks/big_model.py                 # the sweep, 0.1/0.5/1/2/4 GB + keras-hub 1B
     python benchmarks/big_model.py --sizes 0.5     # one size only
     python benchmarks/big_model.py --no-keras-hub  # only the models built from our layers
 
@@ -33,9 +33,10 @@ from benchmarks import results_io  # noqa: E402
 
 # (target GB, width, layers): 32000 x d embedding + layers x 12 d^2.
 OUR_MODELS = {
+    0.1: (512, 3),
     0.5: (1024, 7),
     1.0: (1024, 17),
-    2.5: (2048, 11),
+    2.0: (2048, 9),
     4.0: (2048, 19),
 }
 LLAMA_1B = dict(
@@ -121,6 +122,7 @@ def measure(name: str, work: Path) -> dict:
         "stage_seconds": report.get("stage_seconds"),
         "worst_abs_diff": (report.get("worst") or {}).get("max_abs_diff"),
         "file_over_params": report.get("size_ratio"),
+        "fused": {op: n for op, n in ((report.get("graph") or {}).get("fused") or {}).items() if n},
     }
     if code not in (0, 1):
         row["stderr_tail"] = stderr

@@ -13,10 +13,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from keras_layers.export import ExportOptions, export_model, validating
-from keras_layers.export.converting import DATA_ALIGNMENT, EXTERNAL_MIN_BYTES
+from keras_layers.export import ExportOptions, export_model, placement, validating
+from keras_layers.export.graph import weights as graph_weights
+from keras_layers.export.graph.weights import DATA_ALIGNMENT, EXTERNAL_MIN_BYTES
 from keras_layers.export.loading import load
-from keras_layers.export.passes.weight_views import _reshaped_dims, fold_weight_views
+from keras_layers.export.passes.weight_views import fold_weight_views
 from tests import models
 from tests.zoo_models import redraw
 
@@ -63,12 +64,19 @@ def test_weights_stream_to_an_aligned_data_file(tmp_path):
     assert not [n.name for n in proto.graph.node if n.op_type in views and n.input[0] in names]
 
 
-def test_the_external_path_gives_the_in_memory_paths_outputs(tmp_path):
+def test_a_data_file_changes_nothing_but_where_the_weights_are(tmp_path):
     path = tmp_path / "bert.keras"
     _bert_like().save(path)
     inside, outside = tmp_path / "in.onnx", tmp_path / "out.onnx"
-    export_model(path, inside, ExportOptions(shapes=SHAPES, external_data="never"))
-    export_model(path, outside, ExportOptions(shapes=SHAPES, external_data="always"))
+    one = export_model(path, inside, ExportOptions(shapes=SHAPES, external_data="never"))
+    two = export_model(path, outside, ExportOptions(shapes=SHAPES, external_data="always"))
+
+    # Fused alike: every fusion runs on both paths.
+    assert one["graph"]["fused"] == two["graph"]["fused"]
+    assert one["graph"]["fused"]["MultiHeadAttention"] == 2
+    assert one["graph"]["fused"]["LayerNormalization"] > 0
+    graphs = [onnx.load(str(p), load_external_data=False).graph for p in (inside, outside)]
+    assert [n.op_type for n in graphs[0].node] == [n.op_type for n in graphs[1].node]
     loaded = load(path)
     feeds = validating.make_inputs(loaded, (2, 9), np.random.default_rng(7))
 
@@ -181,12 +189,102 @@ def test_a_weight_read_twice_keeps_its_reshape():
         ([2, 3, 4], [7, 3], None),
     ],
 )
-def test_reshaped_dims_follow_onnx_reshape(dims, shape, expected):
-    assert _reshaped_dims(dims, shape) == expected
+def test_a_reshape_folds_to_onnx_reshapes_dims(dims, shape, expected):
+    weight = numpy_helper.from_array(np.zeros(dims, np.float32), "w")
+    target = numpy_helper.from_array(np.array(shape, np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["w", "shape"], ["y"]), helper.make_node("Neg", ["y"], ["z"])],
+        "g",
+        [],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [weight, target],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+    assert fold_weight_views(proto) == (0 if expected is None else 1)
+
     if expected is not None:
+        assert list(proto.graph.initializer[0].dims) == expected
         assert np.empty(dims).reshape([d if d else dims[i] for i, d in enumerate(shape)]).shape == (
             tuple(expected)
         )
+
+
+def _einsum_kernel_graph(weight_path, dtype):
+    """`MatMul(x, Reshape(Transpose(Unsqueeze(Cast(w)))))`, as Keras'
+    EinsumDense reaches the graph, with `w` (4x8x16, at least 1 KiB) in a
+    data file."""
+    values = np.random.default_rng(1).normal(size=(4, 8, 16)).astype(dtype)
+    weight = TensorProto(name="w", data_type=helper.np_dtype_to_tensor_dtype(values.dtype))
+    weight.dims.extend(values.shape)
+    with open(weight_path, "wb") as data:
+        data.write(b"x" * 100)  # the weight is not at offset 0
+        graph_weights.store(weight, values, data)
+    constants = [
+        numpy_helper.from_array(np.array([0], np.int64), "axes"),
+        numpy_helper.from_array(np.array([128, 4], np.int64), "shape"),
+    ]
+    nodes = [
+        helper.make_node("Cast", ["w"], ["w1"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["w1", "axes"], ["w2"]),
+        helper.make_node("Transpose", ["w2"], ["w3"], perm=[0, 2, 3, 1]),
+        helper.make_node("Reshape", ["w3", "shape"], ["w4"]),
+        helper.make_node("MatMul", ["x", "w4"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])],
+        [weight, *constants],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_chain_of_views_of_a_weight_in_a_data_file_folds_there(tmp_path, dtype):
+    proto = _einsum_kernel_graph(tmp_path / "w.data", dtype)
+    onnx.save_model(proto, tmp_path / "before.onnx")
+    x = np.random.default_rng(0).normal(size=(3, 128)).astype(np.float32)
+    expected = ort.InferenceSession(str(tmp_path / "before.onnx")).run(None, {"x": x})[0]
+
+    assert fold_weight_views(proto, tmp_path) == 4
+
+    assert [n.op_type for n in proto.graph.node] == ["MatMul"]
+    weight = next(t for t in proto.graph.initializer if t.name == "w")
+    assert (list(weight.dims), weight.data_type) == ([128, 4], TensorProto.FLOAT)
+    assert graph_weights.is_external(weight)
+    onnx.save_model(proto, tmp_path / "after.onnx")
+    got = ort.InferenceSession(str(tmp_path / "after.onnx")).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_the_saved_file_holds_exactly_the_weights_the_graph_reads(tmp_path, external):
+    proto = _einsum_kernel_graph(tmp_path / "w.data", np.float16)
+    x = np.random.default_rng(0).normal(size=(3, 128)).astype(np.float32)
+    onnx.save_model(proto, tmp_path / "before.onnx")
+    expected = ort.InferenceSession(str(tmp_path / "before.onnx")).run(None, {"x": x})[0]
+    fold_weight_views(proto, tmp_path)  # the cast appends: the old bytes are dead
+    out = tmp_path / "out"
+    out.mkdir()
+    data = out / "model.onnx.data" if external else None
+
+    digest = graph_weights.save(proto, tmp_path, out / "model.onnx", data)
+
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["model.onnx"] + (["model.onnx.data"] if external else [])
+    )
+    if external:
+        assert digest == placement.file_digest(data)
+        assert data.stat().st_size == 128 * 4 * 4  # the float32 weight alone, at offset 0
+    else:
+        assert digest is None
+        loaded = onnx.load(str(out / "model.onnx"))
+        assert not any(graph_weights.is_external(t) for t in loaded.graph.initializer)
+    (tmp_path / "w.data").unlink()  # the saved file reads nothing of the old one
+    got = ort.InferenceSession(str(out / "model.onnx")).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, expected)
 
 
 @pytest.mark.parametrize(

@@ -70,9 +70,12 @@ def test_sigkill_never_damages_the_output(tmp_path, model_and_good_file, delay):
     onnx.checker.check_model(str(output))
 
 
+@pytest.mark.parametrize("write", ["the converted weights", "the file"])
 def test_disk_full_is_a_clear_error_and_changes_nothing(
-    tmp_path, model_and_good_file, monkeypatch, capsys
+    tmp_path, model_and_good_file, monkeypatch, capsys, write
 ):
+    from keras_layers.export.graph import weights
+
     model, good = model_and_good_file
     output = tmp_path / "model.onnx"
     output.write_bytes(good.read_bytes())
@@ -81,7 +84,10 @@ def test_disk_full_is_a_clear_error_and_changes_nothing(
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(onnx, "save_model", full)
+    if write == "the file":
+        monkeypatch.setattr(weights, "save", full)
+    else:
+        monkeypatch.setattr(weights, "store", full)
     code = main([str(model), "-o", str(output), "--shapes", "1x4"])
     assert code == 2
     err = capsys.readouterr().err

@@ -18,7 +18,6 @@ Default opset 18: the newest tf2onnx 1.16-1.17 emits, run by every
 onnxruntime since 1.14.
 """
 
-import contextlib
 import re
 import time
 from collections.abc import Iterator
@@ -30,8 +29,8 @@ import numpy as np
 
 from keras_layers.export import compat
 from keras_layers.export.compat import patched
-from keras_layers.export.errors import ConversionError, UsageError, argument
-from keras_layers.export.graph import free_names, subgraphs
+from keras_layers.export.errors import ConversionError, OutputError, UsageError, argument
+from keras_layers.export.graph import free_names, subgraphs, weights
 from keras_layers.export.op_handlers import HANDLERS
 from keras_layers.export.tracing import TracedModel
 
@@ -144,37 +143,6 @@ def _inline_external_tensors(proto, storage) -> None:
         init.data_location = TensorProto.DEFAULT
 
 
-# Weights of at least this many bytes go to the data file when the export uses
-# one (ONNX's own `size_threshold` default); smaller ones stay in the graph.
-EXTERNAL_MIN_BYTES = 1024
-# Offsets in the data file are multiples of this: the page size of every common
-# platform (64 KiB is Windows' mapping granularity), so ONNX Runtime can map a
-# tensor from the file rather than copy it.
-DATA_ALIGNMENT = 1 << 16
-
-
-def _set_values(tensor, array, data) -> None:
-    """Give `tensor` the values of `array`: in place as raw bytes, or, with
-    `data` (an open binary file), appended there at an aligned offset."""
-    from onnx import TensorProto
-
-    little = array.astype(array.dtype.newbyteorder("<"), copy=False)
-    if data is None or little.nbytes < EXTERNAL_MIN_BYTES:
-        tensor.raw_data = little.tobytes()
-        return
-    offset = -(-data.tell() // DATA_ALIGNMENT) * DATA_ALIGNMENT
-    data.seek(offset)
-    data.write(memoryview(np.ascontiguousarray(little)).cast("B"))
-    tensor.data_location = TensorProto.EXTERNAL
-    for key, value in (
-        ("location", Path(data.name).name),
-        ("offset", str(offset)),
-        ("length", str(little.nbytes)),
-    ):
-        entry = tensor.external_data.add()
-        entry.key, entry.value = key, value
-
-
 def _values(variable) -> np.ndarray:
     """A variable's values as a NumPy array, without a copy where TensorFlow
     allows one (a read of the variable shares its buffer; `.numpy()` copies)."""
@@ -183,6 +151,23 @@ def _values(variable) -> np.ndarray:
     value = variable.value
     read = getattr(value, "read_value", None)
     return np.asarray(read()) if read is not None else keras.ops.convert_to_numpy(value)
+
+
+@contextmanager
+def _data_file(path: Path | None) -> Iterator:
+    """The data file open for writing (None without a path); an error writing
+    it is the disk's, said as such."""
+    if path is None:
+        yield None
+        return
+    try:
+        with open(path, "wb") as data:
+            yield data
+    except OSError as error:
+        raise OutputError(
+            f"cannot write the weights to {path} ({error.strerror or error}); "
+            "nothing at the output paths was changed"
+        ) from error
 
 
 def _weights_to_initializers(proto, traced: TracedModel, data_path: Path | None = None) -> None:
@@ -202,9 +187,7 @@ def _weights_to_initializers(proto, traced: TracedModel, data_path: Path | None 
     specs = dict(zip(traced.weight_input_names(), traced.weights, strict=True))
     kept = [value for value in graph.input if value.name not in specs]
     names = {}
-    # The data file is created even when no weight reaches it: the graph's
-    # staging always has one on this path.
-    with open(data_path, "wb") if data_path else contextlib.nullcontext() as data:
+    with _data_file(data_path) as data:
         for value in graph.input:
             variable = specs.get(value.name)
             if variable is None:
@@ -216,7 +199,7 @@ def _weights_to_initializers(proto, traced: TracedModel, data_path: Path | None 
             tensor.name = name
             tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
             tensor.dims.extend(array.shape)
-            _set_values(tensor, array, data)
+            weights.store(tensor, array, data)
             del array
     del graph.input[:]
     graph.input.extend(kept)
@@ -352,7 +335,7 @@ def convert(
     Args:
         traced: the output of `tracing.trace`.
         opset: the ONNX opset.
-        data_path: if given, the weights of at least `EXTERNAL_MIN_BYTES` are
+        data_path: if given, the weights of at least `weights.EXTERNAL_MIN_BYTES` are
             written to this file and the initializers point at it (by its
             name, so the graph must be saved beside it); otherwise they are
             held in the proto.
@@ -363,12 +346,13 @@ def convert(
     Raises:
         ConversionError: tf2onnx left an op unconverted (the message names the
             op and the Keras layer it came from), or failed.
+        OutputError: the data file cannot be written (a full disk).
     """
     check_opset(opset)
     start = time.perf_counter()
     try:
         proto = _tf2onnx(traced, opset, data_path)
-    except ConversionError:
+    except (ConversionError, OutputError):
         raise
     except Exception as error:  # noqa: BLE001 - translated below
         raise ConversionError(f"tf2onnx failed: {type(error).__name__}: {error}") from error

@@ -25,6 +25,7 @@ from keras_layers.export import (
     tasks,
 )
 from keras_layers.export.errors import OutputError, UsageError, ValidationFailed, argument
+from keras_layers.export.graph import weights
 from keras_layers.export.loading import LoadedModel
 from keras_layers.export.options import ExportOptions
 from keras_layers.export.tasks import Checks, Task
@@ -90,26 +91,26 @@ class Interrupts:
             raise KeyboardInterrupt
 
 
-# The staged graph and the data file its weights were written to by `convert`
-# (`data_name`: placement renames it by its content).
+# The staged graph and its data file (`data_name`: placement renames it by its
+# content), and the data file `convert` writes the weights to as it converts
+# them, which the passes read and write and `_Staged.write` leaves behind.
 _STAGED_GRAPH = "model.onnx"
 _STAGED_DATA = placement.data_name(_STAGED_GRAPH, "staged")
+_CONVERTED_DATA = "converted.data"
+# The graph with its weights in it, written from the two above.
+_WHOLE_GRAPH = "whole.onnx"
 
 
-def _save(proto, path: Path, external: bool) -> Path | None:
-    """Save the proto; with `external`, its weights are already in the data
-    file beside it, written by `convert`. Returns the data file, if any: when
-    every weight was under `converting.EXTERNAL_MIN_BYTES`, none reached it,
-    and it is dropped (the graph holds them all)."""
-    import onnx
-    from onnx import TensorProto
-
-    onnx.save_model(proto, path)
-    data = path.with_name(_STAGED_DATA)
-    if external and any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer):
-        return data
-    data.unlink(missing_ok=True)
-    return None
+@contextmanager
+def _writing(output: Path) -> Iterator[None]:
+    """An error writing a staged file is the disk's, said as such."""
+    try:
+        yield
+    except OSError as error:
+        raise OutputError(
+            f"{argument('output', output)}: cannot write the ONNX file "
+            f"({error.strerror or error}); nothing at the output paths was changed"
+        ) from error
 
 
 def _point_at_data(graph_path: Path, data_name: str) -> None:
@@ -236,7 +237,7 @@ def export_model(
         run = Run(progress or no_progress, interrupts)
         converted = _convert(model, exporter, options, run, folder)
         grid = converted.grid
-        staged = _Staged.write(converted.slimmed.proto, folder, output, converted.external)
+        staged = _Staged.write(converted.slimmed.proto, folder, output)
         validation, checks = validate_stage(
             exporter, converted.loaded, staged.graph, grid, options, run, converted.external
         )
@@ -244,6 +245,8 @@ def export_model(
         if options.quantize and validation.passed:
             with run.stage("quantize"):
                 int8 = _quantize(exporter, converted, staged, checks, evaluate)
+        if not converted.external:
+            staged = staged.in_one_file(output)
         passed = validation.passed and (int8 is None or int8["passed"])
         final = targets if passed else targets.failed()
         report, moves = _report(run, converted, staged, final, validation, int8, options)
@@ -253,10 +256,7 @@ def export_model(
             interrupts.check()
             placement.place([*moves, (staged.report, final.report)])
     if not passed:
-        raise ValidationFailed(
-            _failure_message(report, validation, targets, final),
-            report,
-        )
+        raise ValidationFailed(_failure_message(report, validation, targets, final), report)
     return report
 
 
@@ -337,9 +337,9 @@ class _Converted:
 
 
 def _convert(model, task: Task, options: ExportOptions, run: Run, folder: Path) -> _Converted:
-    """Load, trace, convert and slim. With external data, the weights are
-    written to the staged data file in `folder` as they are converted, never
-    held in the proto."""
+    """Load, trace, convert and slim. Whatever the model's size, the weights
+    are written to a data file in `folder` as they are converted and never
+    held in the proto the passes rewrite (`graph.weights`)."""
     with run.stage("load"):
         loaded = loading.load(
             model, imports=options.imports, unsafe=options.unsafe, input_roles=options.input_roles
@@ -352,15 +352,16 @@ def _convert(model, task: Task, options: ExportOptions, run: Run, folder: Path) 
         # The grid before converting: one the model cannot take fails at once.
         grid = task.grid(loaded, options.shapes)
     with run.stage("convert"):
-        data_path = folder / _STAGED_DATA if external else None
-        converted = converting.convert(traced, opset=options.opset, data_path=data_path)
+        converted = converting.convert(
+            traced, opset=options.opset, data_path=folder / _CONVERTED_DATA
+        )
     with run.stage("slim"):
         slimmed = slimming.slim(
             converted.proto,
             loaded.inputs,
             loaded.outputs,
-            run_onnxslim=not external,
             model_name=loaded.name,
+            data_folder=folder,
         )
     return _Converted(loaded, converted.weights_read, slimmed, external, grid)
 
@@ -423,7 +424,7 @@ def _report(run: Run, converted: _Converted, staged, final, validation, int8, op
         if converted.external and staged.data is None:
             report["warnings"].append(
                 f"{argument('external_data', options.external_data)}: every weight is under "
-                f"{converting.EXTERNAL_MIN_BYTES} bytes, so all are stored in the graph "
+                f"{weights.EXTERNAL_MIN_BYTES} bytes, so all are stored in the graph "
                 "and no data file was written"
             )
         report["report_path"] = str(final.report)
@@ -441,20 +442,40 @@ class _Staged:
     data: Path | None
     int8: Path
     report: Path
+    digest: str | None = None  # the data file's content hash
 
     @classmethod
-    def write(cls, proto, folder: Path, output: Path, external: bool) -> "_Staged":
+    def write(cls, proto, folder: Path, output: Path) -> "_Staged":
+        """Write the graph and its data file from the proto and the weights
+        `convert` wrote to `folder`, then drop those."""
         # Fixed names inside the private folder: an output called `report.json`
         # or `int8.onnx` cannot collide with another staged file.
-        graph = folder / _STAGED_GRAPH
-        try:
-            data = _save(proto, graph, external)
-        except OSError as error:
-            raise OutputError(
-                f"{argument('output', output)}: cannot write the ONNX file "
-                f"({error.strerror or error}); nothing at the output paths was changed"
-            ) from error
-        return cls(graph, data, folder / "model.int8.onnx", folder / "report.json")
+        graph, data = folder / _STAGED_GRAPH, folder / _STAGED_DATA
+        with _writing(output):
+            digest = weights.save(proto, folder, graph, data)
+        (folder / _CONVERTED_DATA).unlink(missing_ok=True)
+        data = data if digest is not None else None
+        return cls(graph, data, folder / "model.int8.onnx", folder / "report.json", digest)
+
+    def in_one_file(self, output: Path) -> "_Staged":
+        """The same graph and weights in one file, read from the staged ones
+        (which are dropped) one tensor at a time.
+
+        The checks ran on the graph and its data file: ONNX Runtime maps that
+        file rather than parse and copy every weight, so the export never
+        holds the weights twice. The one file holds the same graph and the
+        same bytes of every tensor (`graph.weights.save`)."""
+        if self.data is None:
+            return self
+        import onnx
+
+        whole = self.graph.with_name(_WHOLE_GRAPH)
+        with _writing(output):
+            proto = onnx.load(str(self.graph), load_external_data=False)
+            weights.save(proto, self.graph.parent, whole)
+        self.graph.unlink()
+        self.data.unlink()
+        return replace(self, graph=whole, data=None, digest=None)
 
     @property
     def file_bytes(self) -> int:
@@ -465,15 +486,9 @@ class _Staged:
         its data file's final name, which is named by its content."""
         moves = [(self.graph, final.onnx)]
         if self.data is not None:
-            try:
-                digest = placement.file_digest(self.data)
-                data = final.onnx.with_name(placement.data_name(final.onnx.name, digest))
+            data = final.onnx.with_name(placement.data_name(final.onnx.name, self.digest))
+            with _writing(final.onnx):
                 _point_at_data(self.graph, data.name)
-            except OSError as error:
-                raise OutputError(
-                    f"{argument('output', final.onnx)}: cannot write the ONNX file "
-                    f"({error.strerror or error}); nothing at the output paths was changed"
-                ) from error
             moves.append((self.data, data))
         if int8:
             moves.append((self.int8, final.int8))

@@ -3,8 +3,8 @@
 `PASSES` is the order, each pass a module of `keras_layers.export.passes`
 with one `run(proto, context) -> PassResult`, each with the condition it
 runs under: a decoder's stacked caches folded first (`stacks`); onnxslim
-and ONNX shape inference on protos up to 2 GB (else the weight views are
-folded without them); the fusions (`passes.fusions`); the input axes named,
+(the weights in a data file hidden from it) and the views of the weights
+folded; ONNX shape inference; the fusions (`passes.fusions`); the input axes named,
 the shapes they prove equal shared; repeated weights stored once
 (`initializers`); and, last, the canonical form (`canonical`): the same model
 gives the same bytes on every run. `slim` builds the `Context` from the
@@ -15,6 +15,7 @@ results.
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from keras_layers.export.axes import PAST_AXIS
 from keras_layers.export.passes import (
@@ -79,10 +80,6 @@ def _with_onnxslim(context: Context) -> bool:
     return context.run_onnxslim
 
 
-def _without_onnxslim(context: Context) -> bool:
-    return not context.run_onnxslim
-
-
 def _with_copies(context: Context) -> bool:
     return context.copies_to_merge
 
@@ -93,9 +90,10 @@ PASSES = (
     Step(stacks),
     # onnxslim and shape inference cannot take a proto past 2 GB.
     Step(onnxslim_pass, _with_onnxslim),
+    # What onnxslim folds in the proto, for the weights in the data file too.
+    Step(weight_views),
     Step(shape_inference, _with_onnxslim),
     Step(layer_norm, _with_onnxslim),
-    Step(weight_views, _without_onnxslim),  # what onnxslim would have folded (copying)
     Step(matmul),
     Step(multi_head_attention, _with_onnxslim),
     # The nodes the fusions above replaced would be candidates too.
@@ -134,7 +132,7 @@ def without(*passes) -> tuple:
     return tuple(step for step in PASSES if step.pass_ not in passes)
 
 
-def _context(proto, inputs: list, outputs: list, run_onnxslim: bool, model_name: str):
+def _context(proto, inputs: list, outputs: list, run_onnxslim: bool, model_name: str, data_folder):
     """What the passes know of the model besides its graph."""
     # Every run has a batch and each sequence at least 1 long, a cached
     # decoder's new tokens too (every call feeds one or more); its past (its
@@ -152,6 +150,7 @@ def _context(proto, inputs: list, outputs: list, run_onnxslim: bool, model_name:
         # runs one query at a time: see `multi_head_attention.run`.
         cached_decoder=any(info.axes and PAST_AXIS in info.axes for info in inputs),
         model_name=model_name,
+        data_folder=data_folder,
     )
 
 
@@ -185,7 +184,12 @@ def _report(results: list) -> dict:
 
 
 def slim(
-    proto, inputs: list, outputs: list, run_onnxslim: bool = True, model_name: str = "model"
+    proto,
+    inputs: list,
+    outputs: list,
+    run_onnxslim: bool = True,
+    model_name: str = "model",
+    data_folder: Path | None = None,
 ) -> SlimmedModel:
     """Slim the graph: run `PASSES` over it.
 
@@ -195,15 +199,18 @@ def slim(
             roles).
         outputs: its outputs, likewise.
         run_onnxslim: False for protos past 2 GB, which onnxslim and ONNX
-            shape inference cannot serialise; the other passes still run.
+            shape inference cannot serialise (the pipeline's never are: its
+            weights are in a data file); the other passes still run.
         model_name: the name the graph gets.
+        data_folder: the folder of the data files the weights are in, if any
+            (`graph.weights`).
 
     Returns:
         The slimmed proto and what the passes did.
     """
     start = time.perf_counter()
     before = len(proto.graph.node)
-    context = _context(proto, inputs, outputs, run_onnxslim, model_name)
+    context = _context(proto, inputs, outputs, run_onnxslim, model_name, data_folder)
     proto, results = run_passes(PASSES, proto, context)
     return SlimmedModel(
         proto=proto,

@@ -10,7 +10,9 @@ it), so every module above it may import it and it imports none of them.
 - `evaluation` and `ops`: the one static evaluation of a graph, dims and
   values, op by op from a table (`symbolic_dims`, `static_value`);
 - `view`: the lookups a rewrite reads (`Graph`) and the changes it records
-  (`Edit`).
+  (`Edit`);
+- `weights`: a weight's values wherever they are (the proto or a data
+  file), and the file the user gets written from both.
 """
 
 from keras_layers.export.graph.dims import ONE, Dim, broadcast

@@ -13,7 +13,13 @@ from collections.abc import Mapping
 import numpy as np
 from onnx import AttributeProto, TensorProto, helper
 
-from keras_layers.export.graph import free_names, labelled_subgraphs, subgraphs, topological_order
+from keras_layers.export.graph import (
+    free_names,
+    labelled_subgraphs,
+    subgraphs,
+    topological_order,
+    weights,
+)
 from keras_layers.export.passes.context import Context, PassResult
 
 
@@ -118,9 +124,12 @@ def _key(*parts: bytes | str | int) -> bytes:
     return digest.digest()
 
 
-def _tensor_key(tensor) -> bytes:
-    """Key of a tensor's type, shape and values, whatever its name."""
+def _tensor_key(tensor, folder=None) -> bytes:
+    """Key of a tensor's type, shape and values, whatever its name; one in a
+    data file (in `folder`) gets the key it would have in the proto."""
     raw = tensor.raw_data
+    if folder is not None and weights.is_external(tensor):
+        raw = memoryview(np.ascontiguousarray(weights.values(tensor, folder))).cast("B")
     if raw:  # tf2onnx, onnxslim and the fusions store every weight this way
         return _key("raw", tensor.data_type, *tensor.dims, "data", hashlib.sha256(raw).digest())
     copy = TensorProto()
@@ -230,7 +239,9 @@ def _keys_from_below(graph, nodes: list, order: list, above: list, captures: lis
     return below, readings
 
 
-def _canonical_order(graph, outer: Mapping[str, bytes], top: bool) -> tuple[bytes, list]:
+def _canonical_order(
+    graph, outer: Mapping[str, bytes], top: bool, folder=None
+) -> tuple[bytes, list]:
     """Put `graph.node` and its subgraphs' nodes in an order that depends only on
     what the graph computes, not on the order or names it came with.
 
@@ -256,7 +267,7 @@ def _canonical_order(graph, outer: Mapping[str, bytes], top: bool) -> tuple[byte
     keys: dict[str, bytes] = {"": _key("absent")}  # an optional input left out
     scope = ChainMap(keys, outer)
     for init in graph.initializer:
-        keys[init.name] = _key("initializer", _tensor_key(init))
+        keys[init.name] = _key("initializer", _tensor_key(init, folder))
     for position, value in enumerate(graph.input):
         keys[value.name] = _key("input", value.name if top else position)
     nodes = list(graph.node)
@@ -350,7 +361,7 @@ def _number_unknown_dims(proto) -> None:
         graphs += [body for node in graph.node for body in subgraphs(node)]
 
 
-def canonicalize(proto, name: str = "model") -> None:
+def canonicalize(proto, name: str = "model", folder=None) -> None:
     """Rewrite the proto so that the same model always gives the same bytes.
 
     tf2onnx orders independent nodes by set and `id()` iteration, so two
@@ -367,8 +378,11 @@ def canonicalize(proto, name: str = "model") -> None:
     Args:
         proto: the ModelProto, rewritten in place.
         name: the graph's name.
+        folder: the folder of the data files its weights are in, if any:
+            a weight there is keyed by its values, as in the proto, so the
+            graph is the same wherever its weights are.
     """
-    _canonical_order(proto.graph, {}, top=True)
+    _canonical_order(proto.graph, {}, top=True, folder=folder)
     compact_names(proto, name=name)
     _number_unknown_dims(proto)
     _drop_run_specific(proto)
@@ -379,7 +393,7 @@ def run(proto, context: Context) -> PassResult:
 
     Args:
         proto: the ModelProto, rewritten in place.
-        context: its `model_name`.
+        context: its `model_name` and `data_folder`.
 
     Returns:
         The bytes of every initializer, by its name before this pass renamed
@@ -387,5 +401,5 @@ def run(proto, context: Context) -> PassResult:
         until then).
     """
     sizes = {init.name: tensor_bytes(init) for init in proto.graph.initializer}
-    canonicalize(proto, name=context.model_name)
+    canonicalize(proto, name=context.model_name, folder=context.data_folder)
     return PassResult(proto, report={"initializer_bytes": sizes})

@@ -8,6 +8,7 @@ does) and says what it did. It reads nothing but the proto and the context.
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from keras_layers.export.graph import opset
 
@@ -39,6 +40,8 @@ class Context:
     skip_layer_norms: bool = False
     # The name the canonical graph gets.
     model_name: str = "model"
+    # The folder of the data files the weights are in (`graph.weights`), if any.
+    data_folder: Path | None = None
 
     @classmethod
     def of(cls, proto, **fields) -> "Context":

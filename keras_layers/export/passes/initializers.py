@@ -14,9 +14,8 @@ import hashlib
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
-from keras_layers.export.graph import rename_reads
+from keras_layers.export.graph import rename_reads, weights
 from keras_layers.export.passes.context import Context, PassResult
 
 # Tensors smaller than this are not worth hashing.
@@ -34,19 +33,45 @@ def _transpose_of(init, original: str) -> object:
     )
 
 
-def deduplicate_initializers(proto) -> list:
-    """Store every repeated or transposed weight once; returns what changed:
-    (removed, kept, "same" or "T") for each weight removed."""
+def _candidates(graph) -> list:
+    """(position, tensor) of the initializers another one may repeat: at least
+    `_MIN_DEDUPE_ELEMENTS`, and of a type and shape (or, in 2-D, the
+    transposed shape) some other one has, so that a weight of a shape of its
+    own is never read."""
+    shapes: dict[tuple, int] = {}
+    sized = []
+    for position, init in enumerate(graph.initializer):
+        if (int(np.prod(init.dims)) if init.dims else 1) >= _MIN_DEDUPE_ELEMENTS:
+            key = (
+                init.data_type,
+                tuple(sorted(init.dims)) if len(init.dims) == 2 else tuple(init.dims),
+            )
+            shapes[key] = shapes.get(key, 0) + 1
+            sized.append((position, init, key))
+    return [(position, init) for position, init, key in sized if shapes[key] > 1]
+
+
+def deduplicate_initializers(proto, folder=None) -> list:
+    """Store every repeated or transposed weight once.
+
+    Args:
+        proto: the ModelProto, changed in place.
+        folder: the folder of its data files, if any: a weight there is read
+            from it, one at a time, and only if another has its shape.
+
+    Returns:
+        (removed, kept, "same" or "T") for each weight removed.
+
+    Raises:
+        ValueError: a graph output is a duplicated weight.
+    """
     graph = proto.graph
     seen = {}  # (dtype, shape, digest) -> name of the first tensor with that content
     shapes = set()  # (dtype, shape) of the tensors in `seen`
     changes, renames, transposes = [], {}, []
     removed = []  # positions in graph.initializer
-    for position, init in enumerate(graph.initializer):
-        size = int(np.prod(init.dims)) if init.dims else 1
-        if size < _MIN_DEDUPE_ELEMENTS or init.data_location == onnx.TensorProto.EXTERNAL:
-            continue  # a weight already in the data file is one variable, stored once
-        array = numpy_helper.to_array(init)
+    for position, init in _candidates(graph):
+        array = weights.values(init, folder)
         key = (array.dtype.str, array.shape, _digest(array))
         if key in seen:
             renames[init.name] = seen[key]
@@ -107,7 +132,7 @@ def run(proto, context: Context) -> PassResult:
 
     Args:
         proto: the ModelProto, changed in place.
-        context: not read.
+        context: its `data_folder` is where the weights' data files are.
 
     Returns:
         The weights removed (the report's `deduplicated`).
@@ -115,6 +140,5 @@ def run(proto, context: Context) -> PassResult:
     Raises:
         ValueError: a graph output is a duplicated weight.
     """
-    del context
-    changes = deduplicate_initializers(proto)
+    changes = deduplicate_initializers(proto, context.data_folder)
     return PassResult(proto, changed=len(changes), report={"deduplicated": changes})

@@ -1,8 +1,41 @@
 """onnxslim: constant folding, dead nodes and initializers (tf2onnx keeps
-copies of weights that only feed `Shape`). It serialises the proto, so it runs
-only where `context.run_onnxslim` (protos up to 2 GB)."""
+copies of weights that only feed `Shape`).
 
+onnxslim serialises the proto, and folds what it can read. The weights in a
+data file are shown to it as graph inputs of their type and shape for the
+time it runs, so that it neither copies them nor tries to read a file it
+cannot find: it folds the graph around them, and `weight_views` folds the
+views of a weight onnxslim would have folded. The weights it left unread are
+initializers again after it.
+"""
+
+from onnx import helper
+
+from keras_layers.export.graph import body_reads, weights
 from keras_layers.export.passes.context import Context, PassResult
+
+
+def _hide_external(graph) -> dict:
+    """Move the initializers in a data file to graph inputs; returns them by name."""
+    hidden = {tensor.name: tensor for tensor in graph.initializer if weights.is_external(tensor)}
+    kept = [tensor for tensor in graph.initializer if tensor.name not in hidden]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    graph.input.extend(
+        helper.make_tensor_value_info(name, tensor.data_type, list(tensor.dims))
+        for name, tensor in hidden.items()
+    )
+    return hidden
+
+
+def _restore(graph, hidden: dict) -> None:
+    """Make the hidden weights initializers again, those still read."""
+    inputs = [value for value in graph.input if value.name not in hidden]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    read = {name for node in graph.node for name in (*node.input, *body_reads(node))}
+    read |= {value.name for value in graph.output}
+    graph.initializer.extend(tensor for name, tensor in hidden.items() if name in read)
 
 
 def run(proto, context: Context) -> PassResult:
@@ -16,9 +49,15 @@ def run(proto, context: Context) -> PassResult:
     Returns:
         The slimmed proto, and how many nodes fewer it has.
     """
-    import onnxslim  # (imported here: the heaviest pass, and only for protos up to 2 GB)
+    import onnxslim  # (imported here: the heaviest pass)
 
     del context
     before = len(proto.graph.node)
-    slimmed = onnxslim.slim(proto)
+    hidden = _hide_external(proto.graph)
+    try:
+        slimmed = onnxslim.slim(proto)
+    finally:
+        _restore(proto.graph, hidden)
+    if slimmed is not proto:
+        _restore(slimmed.graph, hidden)
     return PassResult(slimmed, changed=before - len(slimmed.graph.node))

@@ -1,0 +1,264 @@
+"""A weight's values wherever they are: in the proto, or in a data file.
+
+An export writes every weight to a data file as it is converted
+(`converting`), so no proto of the pipeline ever holds the weights: onnxslim,
+shape inference and the fusions copy and serialise a proto of nodes only,
+whatever the model's size. A pass that needs a weight's values reads them here
+(`values`: a read-only memory map of the file) and writes them back here
+(`replace`: in place when the byte count is the same, else appended); the
+last step writes the file the user gets (`save`): one self-contained ONNX
+file, its tensors streamed into it one at a time, or a graph and a data file
+holding the tensors it reads, in the graph's order.
+
+Offsets in a data file are multiples of `DATA_ALIGNMENT`, the page size of
+every common platform (64 KiB is Windows' mapping granularity), so that ONNX
+Runtime can map a tensor from the file rather than copy it. Tensors under
+`EXTERNAL_MIN_BYTES` (ONNX's own `size_threshold` default) stay in the graph.
+"""
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+EXTERNAL_MIN_BYTES = 1024
+DATA_ALIGNMENT = 1 << 16
+
+
+def is_external(tensor) -> bool:
+    """Whether `tensor`'s values are in a data file."""
+    return tensor.data_location == TensorProto.EXTERNAL
+
+
+def _entries(tensor) -> dict:
+    return {entry.key: entry.value for entry in tensor.external_data}
+
+
+def _dtype(tensor) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
+
+
+def values(tensor, folder: Path | None) -> np.ndarray:
+    """The values of `tensor`: a read-only memory map of its bytes in the data
+    file (its `location` in `folder`), or, for one held in the proto, an array.
+
+    Args:
+        tensor: an initializer (a TensorProto).
+        folder: the folder of the data files its graph reads.
+
+    Returns:
+        The values, in the tensor's shape.
+
+    Raises:
+        ValueError: the tensor is in a data file and no folder was given.
+    """
+    if not is_external(tensor):
+        return numpy_helper.to_array(tensor)
+    if folder is None:
+        raise ValueError(f"{tensor.name}: its values are in a data file, and no folder was given")
+    entries = _entries(tensor)
+    shape = tuple(tensor.dims)
+    if not int(np.prod(shape, dtype=np.int64)):
+        return np.zeros(shape, _dtype(tensor))
+    return np.memmap(
+        Path(folder) / entries["location"],
+        dtype=_dtype(tensor),
+        mode="r",
+        offset=int(entries.get("offset", 0)),
+        shape=shape,
+    )
+
+
+def _append(tensor, array: np.ndarray, data, digest=None) -> None:
+    """Write `array` at the next aligned offset of `data` (an open binary
+    file) and point `tensor` at it; with `digest`, hash the bytes the file
+    gains (the padding too)."""
+    end = data.seek(0, 2)
+    offset = -(-end // DATA_ALIGNMENT) * DATA_ALIGNMENT
+    data.seek(offset)
+    view = memoryview(np.ascontiguousarray(array)).cast("B")
+    data.write(view)
+    if digest is not None:
+        digest.update(bytes(offset - end))
+        digest.update(view)
+    del tensor.external_data[:]
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (
+        ("location", Path(data.name).name),
+        ("offset", str(offset)),
+        ("length", str(array.nbytes)),
+    ):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+
+
+def store(tensor, array: np.ndarray, data=None) -> None:
+    """Give `tensor` the values of `array`: as raw bytes in the proto, or, with
+    `data` (an open binary file) and at least `EXTERNAL_MIN_BYTES`, appended to
+    that file at an aligned offset.
+
+    Args:
+        tensor: the TensorProto (its type and dims already set).
+        array: its values.
+        data: the data file, open for writing, or None.
+    """
+    little = array.astype(array.dtype.newbyteorder("<"), copy=False)
+    if data is None or little.nbytes < EXTERNAL_MIN_BYTES:
+        tensor.raw_data = little.tobytes()
+        return
+    _append(tensor, little, data)
+
+
+def replace(tensor, array: np.ndarray, folder: Path | None) -> None:
+    """Give `tensor` new values (and the type and dims of `array`), where they
+    were: in the proto, or in its data file, over the old bytes when the byte
+    count is the same (the caller has read them already), else appended.
+
+    Args:
+        tensor: an initializer.
+        array: its new values.
+        folder: the folder of its data file.
+    """
+    little = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
+    tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+    del tensor.dims[:]
+    tensor.dims.extend(array.shape)
+    if not is_external(tensor):
+        tensor.raw_data = little.tobytes()
+        return
+    entries = _entries(tensor)
+    with open(Path(folder) / entries["location"], "r+b") as data:
+        if int(entries["length"]) != little.nbytes:
+            _append(tensor, little, data)
+            return
+        data.seek(int(entries.get("offset", 0)))
+        data.write(memoryview(little).cast("B"))
+
+
+def _inlined(tensor, folder: Path | None):
+    """A copy of `tensor` with its values in the proto, as a tensor converted
+    in memory has them (`data_location` and `external_data` unset)."""
+    copy = TensorProto()
+    copy.CopyFrom(tensor)
+    if is_external(tensor):
+        array = np.ascontiguousarray(values(tensor, folder))
+        del copy.external_data[:]
+        copy.ClearField("data_location")
+        copy.raw_data = memoryview(array).cast("B").tobytes()
+    return copy
+
+
+def _varint(number: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, number = number & 0x7F, number >> 7
+        out.append(low | (0x80 if number else 0))
+        if not number:
+            return bytes(out)
+
+
+def _inlined_size(tensor) -> int:
+    """The serialised size of `_inlined(tensor)`, without reading its values."""
+    if not is_external(tensor):
+        return tensor.ByteSize()
+    copy = TensorProto()
+    copy.CopyFrom(tensor)
+    del copy.external_data[:]
+    copy.ClearField("data_location")
+    copy.raw_data = b""  # set, so its tag and a length of 0 count
+    length = int(_entries(tensor)["length"])
+    return copy.ByteSize() - 1 + len(_varint(length)) + length
+
+
+def _fields(message, keep) -> bytes:
+    """`message` serialised with only the fields whose number `keep` takes."""
+    copy = type(message)()
+    copy.CopyFrom(message)
+    for field, _ in message.ListFields():
+        if not keep(field.number):
+            copy.ClearField(field.name)
+    return copy.SerializeToString()
+
+
+# Field numbers: ModelProto.graph, GraphProto.initializer (length-delimited).
+_GRAPH, _INITIALIZER = 7, 5
+
+
+def _key(number: int) -> bytes:
+    return _varint(number << 3 | 2)
+
+
+def _save_one_file(proto, folder: Path | None, path: Path) -> None:
+    """One ONNX file, byte for byte what `onnx.save_model` writes of the
+    proto with every tensor in it, but each tensor read and written on its
+    own: a message serialises its fields in the order of their numbers, so
+    the file is the fields before the graph's initializers, each initializer,
+    then the fields after them, every length known from the tensors' sizes."""
+    graph = proto.graph
+    kept = list(graph.initializer)
+    del graph.initializer[:]
+    try:
+        sizes = [_inlined_size(tensor) for tensor in kept]
+        head = _fields(graph, lambda number: number < _INITIALIZER)
+        tail = _fields(graph, lambda number: number > _INITIALIZER)
+        entries = sum(len(_key(_INITIALIZER)) + len(_varint(size)) + size for size in sizes)
+        with open(path, "wb") as file:
+            file.write(_fields(proto, lambda number: number < _GRAPH))
+            file.write(_key(_GRAPH) + _varint(len(head) + entries + len(tail)) + head)
+            for tensor, size in zip(kept, sizes, strict=True):
+                file.write(_key(_INITIALIZER) + _varint(size))
+                file.write(_inlined(tensor, folder).SerializeToString())
+            file.write(tail)
+            file.write(_fields(proto, lambda number: number > _GRAPH))
+    finally:
+        graph.initializer.extend(kept)
+
+
+def _save_with_data(proto, folder: Path | None, path: Path, data_path: Path) -> str | None:
+    """The graph at `path`, and the tensors of at least `EXTERNAL_MIN_BYTES`
+    it reads in `data_path`, in the graph's order (bytes no tensor reads any
+    more are left behind). Returns the data file's content hash
+    (`placement.file_digest`'s), or None (and no file) when no tensor is that
+    large."""
+    digest = hashlib.blake2b(digest_size=8)
+    written = False
+    with open(data_path, "wb") as data:
+        for tensor in proto.graph.initializer:
+            array = values(tensor, folder)
+            if array.nbytes < EXTERNAL_MIN_BYTES:
+                if is_external(tensor):
+                    tensor.CopyFrom(_inlined(tensor, folder))
+                continue
+            _append(tensor, array, data, digest)
+            del array
+            written = True
+    onnx.save_model(proto, path)
+    if not written:
+        data_path.unlink()
+        return None
+    return digest.hexdigest()
+
+
+def save(proto, folder: Path | None, path: Path, data_path: Path | None = None) -> str | None:
+    """Write the model the user gets.
+
+    Args:
+        proto: the ModelProto; its tensors in the proto or in data files in
+            `folder`.
+        folder: the folder of those data files.
+        path: the ONNX file to write.
+        data_path: with it, the tensors of at least `EXTERNAL_MIN_BYTES` go to
+            this file (named in the graph by its file name, so it must be
+            beside `path`); without, every tensor goes into the one file.
+
+    Returns:
+        The data file's content hash (`placement.file_digest`'s), or None
+        when there is none.
+    """
+    if data_path is None:
+        _save_one_file(proto, folder, path)
+        return None
+    return _save_with_data(proto, folder, path, data_path)
