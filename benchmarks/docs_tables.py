@@ -297,18 +297,32 @@ def layers_peers_table(report: dict) -> str:
 # --- big_model.json ------------------------------------------------------------
 
 
+def _fused_cell(fused: dict | None) -> str:
+    """`MultiHeadAttention 7, MatMul 15`: the fused ops of one export."""
+    return ", ".join(f"{op} {count}" for op, count in sorted((fused or {}).items())) or "none"
+
+
+def _added(row: dict, key: str, digits: int) -> str:
+    value = row.get(key)
+    return "" if value is None else f"{value:.{digits}f}"
+
+
 def big_model_sweep_table(report: dict) -> str:
-    """Peak memory and time of each export of the size sweep."""
+    """Peak memory and time of each export of the size sweep, in all and over
+    the tiny model's (the fixed cost), and the ops it fused."""
     rows = [
         [
             row["model"],
             f"{row['parameters'] / 1e6:,.0f}M",
             f"{row['param_gb']:.2f}",
-            "data file" if row["external_data"] else "in the graph",
+            "data file" if row["external_data"] else "one file",
             f"{row['peak_rss_gb']:.2f}",
             f"{row['peak_over_params']:.2f}",
+            _added(row, "added_peak_over_params", 2),
             f"{row['seconds']:.0f}",
             f"{row['seconds_per_gb']:.1f}",
+            _added(row, "added_seconds_per_gb", 1),
+            _fused_cell(row.get("fused")),
             {True: "passed", False: "failed"}.get(row["passed"], f"exit {row['exit_code']}"),
         ]
         for row in report["rows"]
@@ -320,11 +334,15 @@ def big_model_sweep_table(report: dict) -> str:
         "weights",
         "peak RSS GB",
         "peak / weights",
+        "added peak / weights",
         "export s",
         "s per GB",
+        "added s per GB",
+        "fused",
         "validation",
     ]
-    return markdown_table(header, [False, True, True, False, True, True, True, True, False], rows)
+    right = [False, True, True, False, True, True, True, True, True, True, False, False]
+    return markdown_table(header, right, rows)
 
 
 # --- generate.json ---------------------------------------------------------------

@@ -327,11 +327,11 @@ def test_the_limit_that_binds_is_named(monkeypatch):
             memory.Limit("the address-space limit (test)", 4_560_000_000, True),
         ],
     )
-    memory.check_fits(204_240_896, external=False)
+    memory.check_fits(204_240_896)
     with pytest.raises(UsageError) as refused:
-        memory.check_fits(1_600_080_000, external=False)
+        memory.check_fits(1_600_080_000)
     message = str(refused.value)
-    assert "18.4 GB of address space (0.8 GB + 11.0x its 1.60 GB of weights)" in message
+    assert "9.6 GB of address space (0.8 GB + 5.5x its 1.60 GB of weights)" in message
     assert "4.6 GB are available under the address-space limit (test)" in message
 
 
@@ -343,4 +343,4 @@ def test_resident_memory_is_the_least_of_meminfo_and_the_cgroup(monkeypatch):
     assert memory.available_bytes() == 3 * 10**9
     assert memory.limits() == [memory.Limit("the cgroup (test)", 3 * 10**9)]
     with pytest.raises(UsageError, match="3.0 GB are available under the cgroup"):
-        memory.check_fits(500_000_000, external=False)
+        memory.check_fits(700_000_000)

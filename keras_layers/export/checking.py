@@ -120,9 +120,11 @@ def _load(model, task: Task, options: ExportOptions, run: Run):
     """The model, loaded and described by the task (its inputs and outputs
     the file's); the memory check first, at the lean ratio."""
     weight_bytes = memory.estimated_param_bytes(model)
-    lean = memory.uses_external_data(options.external_data, weight_bytes)
+    lean = memory.validates_lean(
+        memory.uses_external_data(options.external_data, weight_bytes), weight_bytes
+    )
     if options.memory_check:
-        memory.check_fits(weight_bytes, True)
+        memory.check_fits(weight_bytes)
     with run.stage("load"):
         loaded = loading.load(
             model, imports=options.imports, unsafe=options.unsafe, input_roles=options.input_roles

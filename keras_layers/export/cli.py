@@ -34,6 +34,7 @@ FLAGS = {
     "imports": "--import",
     "unsafe": "--unsafe",
     "external_data": "--external-data",
+    "weights_dtype": "--weights-dtype",
     "quantize": "--quantize",
     "int8_min_top1": "--int8-min-top1",
     "decoder_min_agreement": "--decoder-min-agreement",
@@ -134,6 +135,7 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
     _add_paths(p, demo_dir)
     _add_checks(p)
     _add_conversion(p)
+    _add_quantization(p)
     _add_inputs(p)
     _add_text(p)
     _add_command(p)
@@ -204,13 +206,11 @@ def _add_checks(p: argparse.ArgumentParser) -> None:
 
 
 def _add_conversion(p: argparse.ArgumentParser) -> None:
-    """--opset, --import, --unsafe, --task, --external-data, --quantize:
+    """--opset, --import, --unsafe, --task, --external-data, --weights-dtype:
     what is loaded, and what the file is."""
     from keras_layers.export.converting import DEFAULT_OPSET
-    from keras_layers.export.decoder_gate import MAX_NLL_CHANGE, MIN_AGREEMENT
-    from keras_layers.export.options import EXTERNAL_DATA_CHOICES, QUANTIZE_CHOICES
+    from keras_layers.export.options import EXTERNAL_DATA_CHOICES, WEIGHTS_DTYPE_CHOICES
     from keras_layers.export.tasks import TASKS
-    from keras_layers.export.validating import INT8_MIN_TOKENS, INT8_MIN_TOP1
 
     p.add_argument(
         "--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default {DEFAULT_OPSET})"
@@ -245,6 +245,21 @@ def _add_conversion(p: argparse.ArgumentParser) -> None:
         help="store weights in a data file beside OUT.onnx, named by its content "
         "(auto: when over ~1.8 GB)",
     )
+    p.add_argument(
+        "--weights-dtype",
+        choices=WEIGHTS_DTYPE_CHOICES,
+        default="float32",
+        help="store the matrix weights in float32 (default), float16, or the dtype of the "
+        "model's variables (keep: bfloat16 for a keras-hub preset); computed in float32",
+    )
+
+
+def _add_quantization(p: argparse.ArgumentParser) -> None:
+    """--quantize and the gates of the quantized files."""
+    from keras_layers.export.decoder_gate import MAX_NLL_CHANGE, MIN_AGREEMENT
+    from keras_layers.export.options import QUANTIZE_CHOICES
+    from keras_layers.export.validating import INT8_MIN_TOKENS, INT8_MIN_TOP1
+
     p.add_argument(
         "--quantize",
         choices=QUANTIZE_CHOICES,

@@ -1,18 +1,15 @@
 """Will the export fit in memory? Checked before the expensive work.
 
-An export's peak RSS grows with the weights, at a rate that depends on the
-path the weights take; `benchmarks/big_model.py` measures both
-(`benchmarks/results/big_model.json`), and the ratios below are set above the
-highest it measured:
-
-- On the data-file path (`uses_external_data`) the weights go to a data file
-  as they are converted, and the Keras model is released before ONNX Runtime
-  maps that file (`PEAK_PER_PARAM_BYTE_EXTERNAL`).
-- Otherwise the weights are held in the proto that onnxslim and the fusions
-  rewrite (`PEAK_PER_PARAM_BYTE`).
-
-The estimate takes those ratios on top of what TensorFlow and the libraries take
-by themselves, so it refuses only exports that would surely be killed.
+Every export takes one path, whatever the model's size: the weights go to a
+data file as they are converted, the passes rewrite a graph without them,
+and the checks compute Keras' outputs and release the model before ONNX
+Runtime maps that file (for models of `LEAN_VALIDATION_BYTES` or more). Its
+peak RSS is the libraries' fixed cost plus a multiple of the weights;
+`benchmarks/big_model.py` measures both (`benchmarks/results/big_model.json`:
+a tiny model's export peaks at 1.43 GB, and every size from 0.1 to 4 GB adds
+at most 2.1 times its weights), and `BASELINE_BYTES` and
+`PEAK_PER_PARAM_BYTE` are set above them, so that the check refuses only
+exports that would surely be killed.
 
 The weights are what the archive declares (`loading.declared_weight_bytes`: the
 shapes of model.weights.h5's datasets and of the config's variables, never the
@@ -25,12 +22,12 @@ address space they never touch. Measured on 2 cores with /proc/self/status
 at the end): an export of a tiny model grows it by 0.75-0.83 GB; with the
 thread pools of 16 cores (TF_NUM_INTRAOP_THREADS = TF_NUM_INTEROP_THREADS = 16)
 by 1.37 GB, 39 MB a core more (at 64, 2.15 GB: 21 MB a core), hence 48 MB a
-core. Over the tiny model's, a 204 MB model's export grows it by 10.3 times its
-weights in the proto (2.86 GB in all) and 5.1 times with a data file (1.79 GB),
-a 484 MB model's by 3.1 times with a data file (2.25 GB): the ratios below are
-above each (the data file's overestimates big models, whose ratio falls toward
-the 2.5 of the RSS). A tiny model's export needs a limit of 2.4 GB
-(`ulimit -v 2000000` fails to import onnxruntime).
+core. Over the tiny model's, a 204 MB model's export with its weights in a data
+file (the one path, since) grew it by 5.1 times its weights (1.79 GB), a 484 MB
+model's by 3.1 times (2.25 GB): `ADDRESS_PER_PARAM_BYTE` is above each (it
+overestimates big models, whose ratio falls toward that of the RSS). A tiny
+model's export needs a limit of 2.4 GB (`ulimit -v 2000000` fails to import
+onnxruntime).
 """
 
 import os
@@ -45,14 +42,12 @@ from keras_layers.export.converting import LARGE_MODEL_BYTES
 from keras_layers.export.errors import UsageError, fix
 from keras_layers.export.loading import declared_weight_bytes, param_bytes
 
-PEAK_PER_PARAM_BYTE = 11.0  # weights held in the proto
-PEAK_PER_PARAM_BYTE_EXTERNAL = 2.5  # weights streamed to a data file
-BASELINE_BYTES = 1_200_000_000  # TensorFlow, Keras, onnxruntime loaded, no model
+PEAK_PER_PARAM_BYTE = 2.5
+BASELINE_BYTES = 1_500_000_000  # TensorFlow, Keras, onnxruntime loaded, a tiny model
 
 # The growth of the virtual size from the check to the export's end: a tiny
 # model's, each core's threads, and per byte of weights (measured: module docstring).
-ADDRESS_PER_PARAM_BYTE = 11.0
-ADDRESS_PER_PARAM_BYTE_EXTERNAL = 5.0
+ADDRESS_PER_PARAM_BYTE = 5.5
 ADDRESS_BASELINE_BYTES = 750_000_000
 ADDRESS_PER_CORE_BYTES = 48_000_000
 # Importing TensorFlow, Keras, tf2onnx and onnxruntime, when the check runs first
@@ -70,6 +65,28 @@ class Limit:
     name: str
     available: int
     address_space: bool = False
+
+
+# From this many bytes of weights the checks run lean (`validates_lean`).
+LEAN_VALIDATION_BYTES = 256_000_000
+
+
+def validates_lean(external: bool, weight_bytes: int) -> bool:
+    """Whether the checks compute Keras' outputs first and release the model
+    before ONNX Runtime maps the weights, without pre-packing them
+    (`pipeline.validate_stage`): for a data file the user gets, and for any
+    model of at least `LEAN_VALIDATION_BYTES`, where the two copies would
+    otherwise be held at once. Smaller models are checked with the session
+    options a user's session has.
+
+    Args:
+        external: whether the weights go to a data file.
+        weight_bytes: the model's weights, in bytes.
+
+    Returns:
+        True where the checks run lean.
+    """
+    return external or weight_bytes >= LEAN_VALIDATION_BYTES
 
 
 def uses_external_data(external_data: str, weight_bytes: int) -> bool:
@@ -250,14 +267,12 @@ def _address_baseline() -> int:
     )
 
 
-def _refusal(limit: Limit, weight_bytes: int, external: bool) -> str | None:
+def _refusal(limit: Limit, weight_bytes: int) -> str | None:
     """Why `limit` cannot hold the export, or None where it can."""
     if limit.address_space:
-        ratio = ADDRESS_PER_PARAM_BYTE_EXTERNAL if external else ADDRESS_PER_PARAM_BYTE
-        baseline, what = _address_baseline(), "of address space"
+        ratio, baseline, what = ADDRESS_PER_PARAM_BYTE, _address_baseline(), "of address space"
     else:
-        ratio = PEAK_PER_PARAM_BYTE_EXTERNAL if external else PEAK_PER_PARAM_BYTE
-        baseline, what = BASELINE_BYTES, "of memory"
+        ratio, baseline, what = PEAK_PER_PARAM_BYTE, BASELINE_BYTES, "of memory"
     need = baseline + ratio * weight_bytes
     if need <= limit.available:
         return None
@@ -269,12 +284,11 @@ def _refusal(limit: Limit, weight_bytes: int, external: bool) -> str | None:
     )
 
 
-def check_fits(weight_bytes: int, external: bool) -> None:
+def check_fits(weight_bytes: int) -> None:
     """Refuse an export whose estimated peak exceeds the memory available.
 
     Args:
         weight_bytes: the model's weights, in bytes.
-        external: whether the export takes the data-file path.
 
     Raises:
         UsageError: the estimate exceeds what a limit leaves (exit 2); the
@@ -282,7 +296,7 @@ def check_fits(weight_bytes: int, external: bool) -> None:
             check.
     """
     for limit in limits():
-        reason = _refusal(limit, weight_bytes, external)
+        reason = _refusal(limit, weight_bytes)
         if reason is not None:
             raise UsageError(reason)
 

@@ -21,6 +21,7 @@ from keras_layers.export.inputs import InputRole, parse_override
 
 EXTERNAL_DATA_CHOICES = ("auto", "always", "never")
 QUANTIZE_CHOICES = ("int8", "int4")
+WEIGHTS_DTYPE_CHOICES = ("float32", "float16", "keep")
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,12 @@ class ExportOptions:
         external_data: `"auto"` (weights in a data file beside the graph,
             `OUTPUT.<content hash>.data`, when over ~1.8 GB), `"always"` or
             `"never"`.
+        weights_dtype: how the matrix weights are stored: `"float32"`,
+            `"float16"`, or `"keep"` (the dtype of the model's variables:
+            bfloat16 or float16 for a model built in that dtype policy,
+            float32 otherwise); computed in float32 either way
+            (`passes.weights_dtype`). Weights rounded to float16 are checked
+            at `validating.HALF_WEIGHTS_ATOL` and `HALF_WEIGHTS_RTOL` at least.
         quantize: `"int8"` also writes `OUTPUT.int8.onnx`, quantized dynamically
             and judged by its top-1 agreement with Keras pooled over the grid.
             With `--task causal-lm` and a folder output, `"int8"` or `"int4"`
@@ -90,6 +97,7 @@ class ExportOptions:
     imports: tuple[str, ...] = ()
     unsafe: bool = False
     external_data: str = "auto"
+    weights_dtype: str = "float32"
     quantize: str | None = None
     int8_min_top1: float = validating.INT8_MIN_TOP1
     decoder_min_agreement: float = decoder_gate.MIN_AGREEMENT
@@ -113,6 +121,12 @@ class ExportOptions:
         converting.check_opset(self.opset)
         _check_choice("quantize", self.quantize, QUANTIZE_CHOICES, "unsupported; ", none_ok=True)
         _check_choice("external_data", self.external_data, EXTERNAL_DATA_CHOICES, "")
+        _check_choice("weights_dtype", self.weights_dtype, WEIGHTS_DTYPE_CHOICES, "")
+        if self.quantize and self.weights_dtype != "float32":
+            raise UsageError(
+                f"{argument('weights_dtype', self.weights_dtype)}: the quantized files are made "
+                "from float32 weights; leave weights_dtype at float32 with quantize"
+            )
         if self.shapes is not None:
             _set(self, "shapes", validating.check_shapes(self.shapes))
         _set(self, "report_path", Path(self.report_path) if self.report_path else None)

@@ -23,11 +23,13 @@ from keras_layers.export import (
     reporting,
     slimming,
     tasks,
+    validating,
 )
 from keras_layers.export.errors import OutputError, UsageError, ValidationFailed, argument
 from keras_layers.export.graph import weights
 from keras_layers.export.loading import LoadedModel
 from keras_layers.export.options import ExportOptions
+from keras_layers.export.passes import weights_dtype
 from keras_layers.export.tasks import Checks, Task
 
 
@@ -238,8 +240,9 @@ def export_model(
         converted = _convert(model, exporter, options, run, folder)
         grid = converted.grid
         staged = _Staged.write(converted.slimmed.proto, folder, output)
+        lean = memory.validates_lean(converted.external, converted.loaded.param_bytes)
         validation, checks = validate_stage(
-            exporter, converted.loaded, staged.graph, grid, options, run, converted.external
+            exporter, converted.loaded, staged.graph, grid, options, run, lean
         )
         int8 = None
         if options.quantize and validation.passed:
@@ -288,10 +291,7 @@ def _before_any_work(model, output: Path, options: ExportOptions, task: str):
     )
     placement.check_targets(targets, Path(model) if isinstance(model, str | Path) else None)
     if options.memory_check:
-        weight_bytes = memory.estimated_param_bytes(model)
-        memory.check_fits(
-            weight_bytes, memory.uses_external_data(options.external_data, weight_bytes)
-        )
+        memory.check_fits(memory.estimated_param_bytes(model))
     return exporter, targets
 
 
@@ -362,6 +362,7 @@ def _convert(model, task: Task, options: ExportOptions, run: Run, folder: Path) 
             loaded.outputs,
             model_name=loaded.name,
             data_folder=folder,
+            stored_dtype=weights_dtype.stored_dtype(options.weights_dtype, loaded.source_policies),
         )
     return _Converted(loaded, converted.weights_read, slimmed, external, grid)
 
@@ -389,11 +390,15 @@ def validate_stage(task: Task, loaded, source, grid, options: ExportOptions, run
         references = task.references(loaded, grid, lean)
         if lean:
             loaded.release_model()
+        atol, rtol = options.atol, options.rtol
+        if weights_dtype.rounds(options.weights_dtype, loaded.source_policies):
+            atol = max(atol, validating.HALF_WEIGHTS_ATOL)
+            rtol = max(rtol, validating.HALF_WEIGHTS_RTOL)
         checks = Checks(
             grid=grid,
             references=references,
-            atol=options.atol,
-            rtol=options.rtol,
+            atol=atol,
+            rtol=rtol,
             allow_nonfinite=options.allow_nonfinite,
             lean_memory=lean,
             on_step=run.steps("validate"),
@@ -421,6 +426,9 @@ def _report(run: Run, converted: _Converted, staged, final, validation, int8, op
             extra=options.extra_report,
         )
         report["data_files"] = [str(to) for _, to in moves if to.name.endswith(".data")]
+        report["weights_dtype"] = weights_dtype.stored_dtype(
+            options.weights_dtype, converted.loaded.source_policies
+        )
         if converted.external and staged.data is None:
             report["warnings"].append(
                 f"{argument('external_data', options.external_data)}: every weight is under "

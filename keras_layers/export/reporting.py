@@ -97,6 +97,7 @@ def _graph_entry(slimmed) -> dict:
         "fused": slimmed.fused,
         "stack_picks_folded": slimmed.stack_picks_folded,
         "shapes_shared": slimmed.shapes_shared,
+        "half_weights": slimmed.half_weights,
         "declined": slimmed.declined,
         "shared_weights": [
             {"name": name, "shape": shape, "read_by": read_by}

@@ -29,6 +29,7 @@ from keras_layers.export.passes import (
     share_shapes,
     stacks,
     weight_views,
+    weights_dtype,
 )
 from keras_layers.export.passes.canonical import canonicalize, compact_names
 from keras_layers.export.passes.context import Context, Step, run_passes
@@ -72,12 +73,18 @@ class SlimmedModel:
     # Picks of one slice of a stacked tensor replaced by that slice (`stacks`).
     stack_picks_folded: int = 0
     shapes_shared: int = 0
+    # Weights stored in half precision behind a Cast (`weights_dtype`).
+    half_weights: int = 0
     # Candidates a fusion left alone: {fused op type: {reason: how many}}.
     declined: dict = field(default_factory=dict)
 
 
 def _with_onnxslim(context: Context) -> bool:
     return context.run_onnxslim
+
+
+def _in_half(context: Context) -> bool:
+    return context.weights_dtype != "float32"
 
 
 def _with_copies(context: Context) -> bool:
@@ -115,6 +122,8 @@ PASSES = (
     Step(common_subexpressions, _with_copies),  # the copies the sharing made identical
     Step(dead_nodes),
     Step(initializers),
+    # After the sharing, which compares the weights in float32.
+    Step(weights_dtype, _in_half),
     # Last: every pass above may add, drop or reorder nodes.
     Step(canonical),
 )
@@ -132,7 +141,7 @@ def without(*passes) -> tuple:
     return tuple(step for step in PASSES if step.pass_ not in passes)
 
 
-def _context(proto, inputs: list, outputs: list, run_onnxslim: bool, model_name: str, data_folder):
+def _context(proto, inputs, outputs, run_onnxslim, model_name, data_folder, stored_dtype):
     """What the passes know of the model besides its graph."""
     # Every run has a batch and each sequence at least 1 long, a cached
     # decoder's new tokens too (every call feeds one or more); its past (its
@@ -151,6 +160,7 @@ def _context(proto, inputs: list, outputs: list, run_onnxslim: bool, model_name:
         cached_decoder=any(info.axes and PAST_AXIS in info.axes for info in inputs),
         model_name=model_name,
         data_folder=data_folder,
+        weights_dtype=stored_dtype,
     )
 
 
@@ -190,6 +200,7 @@ def slim(
     run_onnxslim: bool = True,
     model_name: str = "model",
     data_folder: Path | None = None,
+    stored_dtype: str = "float32",
 ) -> SlimmedModel:
     """Slim the graph: run `PASSES` over it.
 
@@ -204,13 +215,15 @@ def slim(
         model_name: the name the graph gets.
         data_folder: the folder of the data files the weights are in, if any
             (`graph.weights`).
+        stored_dtype: the dtype the matrix weights are stored in:
+            `"float32"`, `"float16"` or `"bfloat16"` (`passes.weights_dtype`).
 
     Returns:
         The slimmed proto and what the passes did.
     """
     start = time.perf_counter()
     before = len(proto.graph.node)
-    context = _context(proto, inputs, outputs, run_onnxslim, model_name, data_folder)
+    context = _context(proto, inputs, outputs, run_onnxslim, model_name, data_folder, stored_dtype)
     proto, results = run_passes(PASSES, proto, context)
     return SlimmedModel(
         proto=proto,

@@ -39,6 +39,11 @@ DEFAULT_ATOL = 1e-4
 # at 1e-3 it let through mutants 100-2,000 times the rounding of a correct
 # file (benchmarks/mutation.py; docs/export.md, "Tolerances").
 DEFAULT_RTOL = 1e-5
+# The least tolerances of a file whose weights were rounded to float16
+# (`--weights-dtype float16`): that rounding, not the file, sets its distance
+# from Keras (measured: docs/export.md, "Weights in half precision").
+HALF_WEIGHTS_ATOL = 1e-2
+HALF_WEIGHTS_RTOL = 1e-3
 # Probabilities below this are compared as this: they are no prediction, and
 # below float32's normal range their relative precision is lost.
 PROBABILITY_FLOOR = 1e-30

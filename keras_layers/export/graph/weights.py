@@ -32,6 +32,12 @@ def is_external(tensor) -> bool:
     return tensor.data_location == TensorProto.EXTERNAL
 
 
+def raw_bytes(array: np.ndarray) -> memoryview:
+    """The bytes of `array` in C order, without a copy where it is contiguous
+    (a view as bytes: Python's buffers know no bfloat16)."""
+    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+
 def _entries(tensor) -> dict:
     return {entry.key: entry.value for entry in tensor.external_data}
 
@@ -78,7 +84,7 @@ def _append(tensor, array: np.ndarray, data, digest=None) -> None:
     end = data.seek(0, 2)
     offset = -(-end // DATA_ALIGNMENT) * DATA_ALIGNMENT
     data.seek(offset)
-    view = memoryview(np.ascontiguousarray(array)).cast("B")
+    view = raw_bytes(array)
     data.write(view)
     if digest is not None:
         digest.update(bytes(offset - end))
@@ -135,7 +141,7 @@ def replace(tensor, array: np.ndarray, folder: Path | None) -> None:
             _append(tensor, little, data)
             return
         data.seek(int(entries.get("offset", 0)))
-        data.write(memoryview(little).cast("B"))
+        data.write(raw_bytes(little))
 
 
 def _inlined(tensor, folder: Path | None):
@@ -144,10 +150,9 @@ def _inlined(tensor, folder: Path | None):
     copy = TensorProto()
     copy.CopyFrom(tensor)
     if is_external(tensor):
-        array = np.ascontiguousarray(values(tensor, folder))
         del copy.external_data[:]
         copy.ClearField("data_location")
-        copy.raw_data = memoryview(array).cast("B").tobytes()
+        copy.raw_data = raw_bytes(values(tensor, folder)).tobytes()
     return copy
 
 
@@ -223,7 +228,7 @@ def _save_with_data(proto, folder: Path | None, path: Path, data_path: Path) -> 
     more are left behind). Returns the data file's content hash
     (`placement.file_digest`'s), or None (and no file) when no tensor is that
     large."""
-    digest = hashlib.blake2b(digest_size=8)
+    digest = hashlib.sha256()
     written = False
     with open(data_path, "wb") as data:
         for tensor in proto.graph.initializer:
@@ -239,7 +244,7 @@ def _save_with_data(proto, folder: Path | None, path: Path, data_path: Path) -> 
     if not written:
         data_path.unlink()
         return None
-    return digest.hexdigest()
+    return digest.hexdigest()[:16]
 
 
 def save(proto, folder: Path | None, path: Path, data_path: Path | None = None) -> str | None:

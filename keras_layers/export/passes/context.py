@@ -42,6 +42,8 @@ class Context:
     model_name: str = "model"
     # The folder of the data files the weights are in (`graph.weights`), if any.
     data_folder: Path | None = None
+    # The dtype the matrix weights are stored in (`weights_dtype`).
+    weights_dtype: str = "float32"
 
     @classmethod
     def of(cls, proto, **fields) -> "Context":

@@ -23,7 +23,7 @@ _MIN_DEDUPE_ELEMENTS = 64
 
 
 def _digest(array: np.ndarray) -> str:
-    return hashlib.sha256(memoryview(np.ascontiguousarray(array))).hexdigest()
+    return hashlib.sha256(weights.raw_bytes(array)).hexdigest()
 
 
 def _transpose_of(init, original: str) -> object:
