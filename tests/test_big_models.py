@@ -6,6 +6,9 @@ Peak memory itself is measured by `benchmarks/big_model.py`, not asserted
 here (it depends on the machine); what is tested is each mechanism.
 """
 
+import hashlib
+from collections import Counter
+
 import keras
 import numpy as np
 import onnx
@@ -83,7 +86,10 @@ def test_a_data_file_changes_nothing_but_where_the_weights_are(tmp_path, name, f
     assert one["graph"]["fused"] == two["graph"]["fused"]
     assert all(one["graph"]["fused"][op] > 0 for op in fused), one["graph"]["fused"]
     graphs = [onnx.load(str(p), load_external_data=False).graph for p in (inside, outside)]
-    assert [n.op_type for n in graphs[0].node] == [n.op_type for n in graphs[1].node]
+    # The same nodes. (Not always in the same order: repeated exports of a
+    # keras-hub Llama in one process order a few equivalent nodes
+    # differently, with either path; the canonical order's open issue.)
+    assert Counter(n.op_type for n in graphs[0].node) == Counter(n.op_type for n in graphs[1].node)
     loaded = load(path)
     feeds = validating.make_inputs(loaded, (2, 9), np.random.default_rng(7))
 
@@ -314,3 +320,21 @@ def test_the_memory_estimate_is_one_for_every_path(choice, weight_bytes, externa
     monkeypatch.setattr(memory, "available_bytes", lambda: int(need) - 1)
     with pytest.raises(UsageError, match=f"{memory.PEAK_PER_PARAM_BYTE}x"):
         memory.check_fits(weight_bytes)
+
+
+def test_a_weight_in_a_data_file_is_read_in_pieces_and_a_short_file_is_an_error(
+    tmp_path, monkeypatch
+):
+    proto = _einsum_kernel_graph(tmp_path / "w.data", np.float32)
+    weight = next(t for t in proto.graph.initializer if t.name == "w")
+    expected = graph_weights.raw_bytes(graph_weights.values(weight, tmp_path)).tobytes()
+    monkeypatch.setattr(graph_weights, "_CHUNK_BYTES", 300)
+
+    pieces = [bytes(piece) for piece in graph_weights.chunks(weight, tmp_path)]
+
+    assert len(pieces) == -(-len(expected) // 300) and b"".join(pieces) == expected
+    assert graph_weights.digest(weight, tmp_path) == hashlib.sha256(expected).digest()
+    with open(tmp_path / "w.data", "r+b") as data:
+        data.truncate(data.seek(0, 2) - 1)
+    with pytest.raises(ValueError, match="ends before its values do"):
+        graph_weights.digest(weight, tmp_path)

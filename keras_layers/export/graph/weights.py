@@ -17,6 +17,7 @@ Runtime can map a tensor from the file rather than copy it. Tensors under
 """
 
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -77,25 +78,85 @@ def values(tensor, folder: Path | None) -> np.ndarray:
     )
 
 
-def _append(tensor, array: np.ndarray, data, digest=None) -> None:
-    """Write `array` at the next aligned offset of `data` (an open binary
-    file) and point `tensor` at it; with `digest`, hash the bytes the file
-    gains (the padding too)."""
+# Bytes read at a time by `chunks`.
+_CHUNK_BYTES = 64 << 20
+
+
+def chunks(tensor, folder: Path | None) -> Iterator[memoryview]:
+    """The bytes of `tensor`'s values in order, a piece at a time.
+
+    A tensor in a data file is read, not mapped: the pages read stay in the
+    page cache, out of this process's resident memory, which a memory map
+    of a multi-GB weight would grow by its whole size. Each piece is valid
+    until the next is asked for.
+
+    Args:
+        tensor: an initializer.
+        folder: the folder of its data file.
+
+    Returns:
+        An iterator over its bytes, up to 64 MiB at a time.
+
+    Raises:
+        ValueError: the data file ends before the tensor's values do.
+    """
+    if not is_external(tensor):
+        yield memoryview(tensor.raw_data) if tensor.raw_data else raw_bytes(values(tensor, None))
+        return
+    entries = _entries(tensor)
+    remaining = int(entries["length"])
+    buffer = memoryview(bytearray(min(_CHUNK_BYTES, remaining)))
+    with open(Path(folder) / entries["location"], "rb", buffering=0) as data:
+        data.seek(int(entries.get("offset", 0)))
+        while remaining:
+            count = data.readinto(buffer[: min(remaining, len(buffer))])
+            if not count:
+                raise ValueError(f"{tensor.name}: its data file ends before its values do")
+            yield buffer[:count]
+            remaining -= count
+
+
+def digest(tensor, folder: Path | None) -> bytes:
+    """The SHA-256 of `tensor`'s bytes, read a piece at a time.
+
+    Args:
+        tensor: an initializer.
+        folder: the folder of its data file.
+
+    Returns:
+        The 32-byte digest.
+
+    Raises:
+        ValueError: the data file ends before the tensor's values do.
+    """
+    hashed = hashlib.sha256()
+    for piece in chunks(tensor, folder):
+        hashed.update(piece)
+    return hashed.digest()
+
+
+def _append(tensor, pieces, data, digest=None) -> None:
+    """Write `pieces` (buffers of bytes, in order) at the next aligned offset
+    of `data` (an open binary file) and point `tensor` at them; with
+    `digest`, hash the bytes the file gains (the padding too)."""
     end = data.seek(0, 2)
     offset = -(-end // DATA_ALIGNMENT) * DATA_ALIGNMENT
     data.seek(offset)
-    view = raw_bytes(array)
-    data.write(view)
     if digest is not None:
         digest.update(bytes(offset - end))
-        digest.update(view)
+    length = 0
+    for piece in pieces:
+        data.write(piece)
+        if digest is not None:
+            digest.update(piece)
+        length += len(piece)
     del tensor.external_data[:]
     tensor.ClearField("raw_data")
     tensor.data_location = TensorProto.EXTERNAL
     for key, value in (
         ("location", Path(data.name).name),
         ("offset", str(offset)),
-        ("length", str(array.nbytes)),
+        ("length", str(length)),
     ):
         entry = tensor.external_data.add()
         entry.key, entry.value = key, value
@@ -115,7 +176,7 @@ def store(tensor, array: np.ndarray, data=None) -> None:
     if data is None or little.nbytes < EXTERNAL_MIN_BYTES:
         tensor.raw_data = little.tobytes()
         return
-    _append(tensor, little, data)
+    _append(tensor, [raw_bytes(little)], data)
 
 
 def replace(tensor, array: np.ndarray, folder: Path | None) -> None:
@@ -138,7 +199,7 @@ def replace(tensor, array: np.ndarray, folder: Path | None) -> None:
     entries = _entries(tensor)
     with open(Path(folder) / entries["location"], "r+b") as data:
         if int(entries["length"]) != little.nbytes:
-            _append(tensor, little, data)
+            _append(tensor, [raw_bytes(little)], data)
             return
         data.seek(int(entries.get("offset", 0)))
         data.write(raw_bytes(little))
@@ -222,6 +283,11 @@ def _save_one_file(proto, folder: Path | None, path: Path) -> None:
         graph.initializer.extend(kept)
 
 
+def _byte_count(tensor) -> int:
+    count = int(np.prod(tensor.dims, dtype=np.int64))
+    return count * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+
+
 def _save_with_data(proto, folder: Path | None, path: Path, data_path: Path) -> str | None:
     """The graph at `path`, and the tensors of at least `EXTERNAL_MIN_BYTES`
     it reads in `data_path`, in the graph's order (bytes no tensor reads any
@@ -232,13 +298,11 @@ def _save_with_data(proto, folder: Path | None, path: Path, data_path: Path) -> 
     written = False
     with open(data_path, "wb") as data:
         for tensor in proto.graph.initializer:
-            array = values(tensor, folder)
-            if array.nbytes < EXTERNAL_MIN_BYTES:
+            if _byte_count(tensor) < EXTERNAL_MIN_BYTES:
                 if is_external(tensor):
                     tensor.CopyFrom(_inlined(tensor, folder))
                 continue
-            _append(tensor, array, data, digest)
-            del array
+            _append(tensor, chunks(tensor, folder), data, digest)  # read, then repointed
             written = True
     onnx.save_model(proto, path)
     if not written:

@@ -129,7 +129,7 @@ def _tensor_key(tensor, folder=None) -> bytes:
     data file (in `folder`) gets the key it would have in the proto."""
     raw = tensor.raw_data
     if folder is not None and weights.is_external(tensor):
-        raw = weights.raw_bytes(weights.values(tensor, folder))
+        return _key("raw", tensor.data_type, *tensor.dims, "data", weights.digest(tensor, folder))
     if raw:  # tf2onnx, onnxslim and the fusions store every weight this way
         return _key("raw", tensor.data_type, *tensor.dims, "data", hashlib.sha256(raw).digest())
     copy = TensorProto()

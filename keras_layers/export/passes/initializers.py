@@ -22,8 +22,8 @@ from keras_layers.export.passes.context import Context, PassResult
 _MIN_DEDUPE_ELEMENTS = 64
 
 
-def _digest(array: np.ndarray) -> str:
-    return hashlib.sha256(weights.raw_bytes(array)).hexdigest()
+def _digest(array: np.ndarray) -> bytes:
+    return hashlib.sha256(weights.raw_bytes(array)).digest()
 
 
 def _transpose_of(init, original: str) -> object:
@@ -71,16 +71,17 @@ def deduplicate_initializers(proto, folder=None) -> list:
     changes, renames, transposes = [], {}, []
     removed = []  # positions in graph.initializer
     for position, init in _candidates(graph):
-        array = weights.values(init, folder)
-        key = (array.dtype.str, array.shape, _digest(array))
+        dims = tuple(init.dims)
+        key = (init.data_type, dims, weights.digest(init, folder))  # read, not mapped
         if key in seen:
             renames[init.name] = seen[key]
             changes.append((init.name, seen[key], "same"))
             removed.append(position)
             continue
         # Hash the transpose (a full copy) only if a tensor of that shape exists.
-        if array.ndim == 2 and (array.dtype.str, array.shape[::-1]) in shapes:
-            transposed_key = (array.dtype.str, array.shape[::-1], _digest(array.T))
+        if len(dims) == 2 and (init.data_type, dims[::-1]) in shapes:
+            transposed = np.asarray(weights.values(init, folder)).T
+            transposed_key = (init.data_type, dims[::-1], _digest(transposed))
             if transposed_key in seen:
                 transposes.append(_transpose_of(init, seen[transposed_key]))
                 changes.append((init.name, seen[transposed_key], "T"))
