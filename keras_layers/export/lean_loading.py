@@ -189,7 +189,7 @@ def _build_and_fill(saving_lib, variable_class, config: str, safe_mode: bool, wi
     return model
 
 
-def load(path: Path, safe_mode: bool = True):
+def load(path: Path, safe_mode: bool = True, config: str | None = None):
     """The model in the `.keras` archive at `path`, or None when
     `keras.saving.load_model` must load it: an archive laid out otherwise, a
     Keras without the steps used here, or a model that cannot be built or
@@ -201,6 +201,8 @@ def load(path: Path, safe_mode: bool = True):
     Args:
         path: the `.keras` archive.
         safe_mode: Keras' safe mode (refuses Lambda layers' code).
+        config: the model's config (JSON) to build instead of the
+            archive's own (`loading` changes its dtype policies).
 
     Returns:
         The model, or None where Keras' own loader must load it.
@@ -219,7 +221,7 @@ def load(path: Path, safe_mode: bool = True):
         start = _entry_start(file, info)
         if info.compress_type != zipfile.ZIP_STORED or start is None:
             return None
-        config = archive.read(CONFIG_ENTRY).decode()
+        config = archive.read(CONFIG_ENTRY).decode() if config is None else config
         window = _Window(file.fileno(), start, info.file_size)
         try:
             return _build_and_fill(saving_lib, variable_class, config, safe_mode, window)

@@ -26,6 +26,10 @@ from keras_layers.export.errors import ModelLoadError, UsageError, argument, fix
 # Dtype policies whose variables are float32 but whose compute is half
 # precision, and pure half-precision policies: all are exported in float32.
 _HALF_POLICIES = ("mixed_float16", "mixed_bfloat16", "float16", "bfloat16")
+# Policies whose variables are half precision: `load(stored=True)` keeps them.
+_PURE_HALF = ("bfloat16", "float16")
+STORED_PRECISION = "StoredPrecision"
+_STORED_PRECISION_CLASS = None
 
 # Limits on a `.keras` archive, checked from the sizes its zip central directory
 # declares before any entry is inflated. Python's zipfile never inflates an entry
@@ -593,14 +597,30 @@ def _read_config(path: Path, archive: zipfile.ZipFile) -> dict:
     return config
 
 
-def _float32_config(config):
-    """Replace half-precision dtype policies in a model config with float32.
+def _stored_policy(name: str) -> dict:
+    """The config of a `StoredPrecision` policy keeping `name`'s variables."""
+    return {
+        "module": None,
+        "class_name": STORED_PRECISION,
+        "config": {"name": name},
+        "registered_name": STORED_PRECISION,
+    }
+
+
+def _float32_config(config, stored: bool = False):
+    """Replace half-precision dtype policies in a model config with float32
+    compute: `float32` itself, or with `stored`, a pure half policy
+    (`bfloat16`, `float16`) by `StoredPrecision`, which keeps its variables.
 
     Returns the new config and the sorted list of policies replaced. This recurses
     per level of `config`: it only ever gets one from `_read_config`, whose depth
     limit keeps it far from Python's recursion limit.
     """
     replaced = set()
+
+    def swap(name):
+        replaced.add(name)
+        return _stored_policy(name) if stored and name in _PURE_HALF else "float32"
 
     def visit(node):
         if isinstance(node, dict):
@@ -609,12 +629,12 @@ def _float32_config(config):
                 # (A policy whose config is not a dict is Keras' to refuse.)
                 name = policy.get("name")
                 if name in _HALF_POLICIES:
-                    replaced.add(name)
-                    node = {**node, "config": {**node["config"], "name": "float32"}}
+                    new = swap(name)
+                    node = new if isinstance(new, dict) else {**node, "config": {"name": new}}
                 return node
             return {
                 key: (
-                    _policy_string(value, replaced)
+                    (swap(value) if value in _HALF_POLICIES else value)
                     if key == "dtype" and isinstance(value, str)
                     else visit(value)
                 )
@@ -627,16 +647,35 @@ def _float32_config(config):
     return visit(config), sorted(replaced)
 
 
-def _policy_string(value, replaced):
-    if value in _HALF_POLICIES:
-        replaced.add(value)
-        return "float32"
-    return value
+def stored_precision_policy():
+    """`StoredPrecision`: a Keras dtype policy whose variables keep a half
+    precision dtype (`bfloat16`, `float16`, the policy's name) while the layer
+    computes in float32, each variable cast as it is read (Keras' autocast,
+    as in mixed precision, the other way round). A model loaded with it holds
+    its weights in their stored bytes and computes as the same model widened
+    to float32 (the widening is exact).
+
+    Returns:
+        The policy class (made once, when Keras is first needed).
+    """
+    from keras import DTypePolicy
+
+    global _STORED_PRECISION_CLASS
+    if _STORED_PRECISION_CLASS is None:
+
+        class StoredPrecision(DTypePolicy):
+            def _parse_name(self, name):
+                if name not in _PURE_HALF:
+                    raise ValueError(f"StoredPrecision keeps {_PURE_HALF}, not {name!r}")
+                return "float32", name
+
+        _STORED_PRECISION_CLASS = StoredPrecision
+    return _STORED_PRECISION_CLASS
 
 
-def _float32_archive(path: Path, workdir: Path) -> tuple[Path, list, dict]:
-    """A copy of the archive whose config computes in float32, if it needs one,
-    the policies replaced, and the config as saved.
+def _float32_config_of(path: Path, stored: bool = False) -> tuple[dict | None, list, dict]:
+    """The archive's config made to compute in float32 (`_float32_config`), or
+    None when it needs no change, the policies replaced, and the config as saved.
 
     The sizes are checked again here, where the archive is read, so that no
     archive reaches this read unchecked (the in-memory path comes straight here).
@@ -644,24 +683,28 @@ def _float32_archive(path: Path, workdir: Path) -> tuple[Path, list, dict]:
     with zipfile.ZipFile(path) as archive:
         _check_entries(path, archive)
         config = _read_config(path, archive)
-        new_config, replaced = _float32_config(config)
-        if not replaced:
-            return path, [], config
-        copy = workdir / path.name
-        with zipfile.ZipFile(copy, "w") as out:
-            for item in archive.infolist():
-                entry = zipfile.ZipInfo(item.filename, item.date_time)
-                entry.compress_type = item.compress_type
-                entry.external_attr = item.external_attr
-                if item.filename == "config.json":
-                    out.writestr(entry, json.dumps(new_config).encode())
-                    continue
-                # Piece by piece: the weights can take gigabytes. The declared size
-                # lets zipfile choose zip64 for an entry over 4 GiB.
-                entry.file_size = item.file_size
-                with archive.open(item) as source, out.open(entry, "w") as target:
-                    shutil.copyfileobj(source, target, _CHUNK_BYTES)
-    return copy, replaced, config
+    new_config, replaced = _float32_config(config, stored)
+    return (new_config if replaced else None), replaced, config
+
+
+def _archive_copy(path: Path, new_config: dict, workdir: Path) -> Path:
+    """A copy of the archive with `new_config` as its config.json, for Keras'
+    own loader (`lean_loading` takes the new config without a copy)."""
+    copy = workdir / path.name
+    with zipfile.ZipFile(path) as archive, zipfile.ZipFile(copy, "w") as out:
+        for item in archive.infolist():
+            entry = zipfile.ZipInfo(item.filename, item.date_time)
+            entry.compress_type = item.compress_type
+            entry.external_attr = item.external_attr
+            if item.filename == "config.json":
+                out.writestr(entry, json.dumps(new_config).encode())
+                continue
+            # Piece by piece: the weights can take gigabytes. The declared size
+            # lets zipfile choose zip64 for an entry over 4 GiB.
+            entry.file_size = item.file_size
+            with archive.open(item) as source, out.open(entry, "w") as target:
+                shutil.copyfileobj(source, target, _CHUNK_BYTES)
+    return copy
 
 
 def _objects(config: dict) -> Iterator[dict]:
@@ -902,12 +945,14 @@ def unique_variables(model) -> list:
 
 
 def variable_bytes(variable) -> int:
-    """A variable's size as exported: float32."""
-    return 4 * int(np.prod(variable.shape, dtype=np.int64))
+    """A variable's size as exported: float32, or its own dtype's where that
+    is half precision (kept by `load(stored=True)`)."""
+    size = 2 if str(variable.dtype) in _PURE_HALF else 4
+    return size * int(np.prod(variable.shape, dtype=np.int64))
 
 
 def param_bytes(model) -> int:
-    """The model's weights in float32, each shared variable counted once."""
+    """The model's weights as exported (`variable_bytes`), each shared variable counted once."""
     return sum(variable_bytes(variable) for variable in unique_variables(model))
 
 
@@ -916,10 +961,11 @@ def _half_policies(model) -> list:
     return sorted(names & set(_HALF_POLICIES))
 
 
-def _load_archive(path: Path, unsafe: bool, custom_objects: dict):
-    """The archive's model, computing in float32 (`_float32_archive`), loaded
-    with one copy of its weights in memory (`lean_loading`), or by Keras'
-    `load_model` when that cannot read it.
+def _load_archive(path: Path, unsafe: bool, custom_objects: dict, stored: bool = False):
+    """The archive's model, computing in float32 (`_float32_config`; with
+    `stored`, half-precision variables kept), loaded with one copy of its
+    weights in memory (`lean_loading`), or by Keras' `load_model` from a copy
+    of the archive with the new config when that cannot read it.
 
     Of `custom_objects` (`import_modules`), only those the config names as objects
     outside Keras are handed to the loader: Keras looks some of its own names up
@@ -928,26 +974,28 @@ def _load_archive(path: Path, unsafe: bool, custom_objects: dict):
     """
     import keras
 
-    with tempfile.TemporaryDirectory() as workdir:
-        source, replaced, config = _float32_archive(path, Path(workdir))
-        takes_strings = _takes_strings(config)
-        if takes_strings:
-            # Refused before Keras builds the model: it would trip first over the
-            # `standardize` function of a TextVectorization, unknown in this process.
-            raise ModelLoadError(_strings_refused(str(path), takes_strings))
-        wanted = _custom_references(config)
-        known = {name: obj for name, obj in custom_objects.items() if name in wanted}
-        try:
-            with keras.saving.custom_object_scope(known):
-                model = lean_loading.load(source, safe_mode=not unsafe)
-                if model is None:
-                    model = keras.saving.load_model(source, compile=False, safe_mode=not unsafe)
-        except Exception as error:  # noqa: BLE001 - translated for the user
-            raise ModelLoadError(_explain_load_error(path, error, config)) from error
+    new_config, replaced, config = _float32_config_of(path, stored)
+    takes_strings = _takes_strings(config)
+    if takes_strings:
+        # Refused before Keras builds the model: it would trip first over the
+        # `standardize` function of a TextVectorization, unknown in this process.
+        raise ModelLoadError(_strings_refused(str(path), takes_strings))
+    wanted = _custom_references(config)
+    known = {name: obj for name, obj in custom_objects.items() if name in wanted}
+    known[STORED_PRECISION] = stored_precision_policy()
+    text = None if new_config is None else json.dumps(new_config)
+    try:
+        with keras.saving.custom_object_scope(known), tempfile.TemporaryDirectory() as workdir:
+            model = lean_loading.load(path, safe_mode=not unsafe, config=text)
+            if model is None:
+                source = path if text is None else _archive_copy(path, new_config, Path(workdir))
+                model = keras.saving.load_model(source, compile=False, safe_mode=not unsafe)
+    except Exception as error:  # noqa: BLE001 - translated for the user
+        raise ModelLoadError(_explain_load_error(path, error, config)) from error
     return model, replaced
 
 
-def _in_float32(model, unsafe: bool, custom_objects: dict):
+def _in_float32(model, unsafe: bool, custom_objects: dict, stored: bool = False):
     """The in-memory `model` itself, or a float32 copy when it computes in half
     precision (saved to a temporary archive and loaded back, as from a file)."""
     if not _half_policies(model):
@@ -962,10 +1010,10 @@ def _in_float32(model, unsafe: bool, custom_objects: dict):
                 f"through a saved copy, and saving it failed ({type(error).__name__}: "
                 f"{error}); make its custom layers serializable (get_config)"
             ) from error
-        return _load_archive(path, unsafe, custom_objects)
+        return _load_archive(path, unsafe, custom_objects, stored)
 
 
-def load(model, imports=(), unsafe=False, input_roles=None) -> LoadedModel:
+def load(model, imports=(), unsafe=False, input_roles=None, stored=False) -> LoadedModel:
     """Load a `.keras` path, or take a model in memory, in float32, and
     describe its inputs and outputs.
 
@@ -975,6 +1023,9 @@ def load(model, imports=(), unsafe=False, input_roles=None) -> LoadedModel:
             define are found by name, registered or not.
         unsafe: load in Keras' unsafe mode (Lambda layers' code runs).
         input_roles: overrides of the roles read from the model, by input name.
+        stored: keep bfloat16 and float16 variables as stored, computing in
+            float32 (`stored_precision_policy`): the weights take their
+            stored bytes in memory, and the graph reads them through a Cast.
 
     Returns:
         The `LoadedModel`.
@@ -990,11 +1041,11 @@ def load(model, imports=(), unsafe=False, input_roles=None) -> LoadedModel:
     custom_objects = import_modules(list(imports))
     if isinstance(model, keras.Model):
         path = None
-        model, replaced = _in_float32(model, unsafe, custom_objects)
+        model, replaced = _in_float32(model, unsafe, custom_objects, stored)
     elif isinstance(model, str | os.PathLike):
         path = Path(model)
         _check_archive(path)
-        model, replaced = _load_archive(path, unsafe, custom_objects)
+        model, replaced = _load_archive(path, unsafe, custom_objects, stored)
         if not isinstance(model, keras.Model):
             raise ModelLoadError(f"{path}: holds a {type(model).__name__}, not a model")
     else:

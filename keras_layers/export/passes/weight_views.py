@@ -14,10 +14,18 @@ is in the proto, but by copying it; it never reads the data file
 (`onnxslim_pass`). Without this, ONNX Runtime folds them when the session
 starts, copying each weight (a session's memory, with and without:
 benchmarks/results/big_model.json).
+
+A matrix weight kept in its stored half precision (a model loaded with
+`loading.load(stored=True)`, exported with its weights in that dtype) reaches
+the graph as `Cast` to float32, then the views, then the matrix product or
+lookup: that `Cast` is kept, and the views after it are folded into the
+half-precision weight, the `Cast` moved to their end (`kept_cast`): the
+weight is never widened in the data file, and its readers see
+`Cast(weight)`, the layout of `weights_dtype`.
 """
 
 import numpy as np
-from onnx import helper
+from onnx import TensorProto, helper
 
 from keras_layers.export.graph import attribute, body_reads, perm, rename_reads, weights
 from keras_layers.export.passes.context import Context, PassResult
@@ -25,6 +33,8 @@ from keras_layers.export.passes.context import Context, PassResult
 # Views that change a weight's dims only (its bytes stay where they are).
 _RESHAPES = ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity")
 _VIEWS = (*_RESHAPES, "Transpose", "Cast")
+# Readers of a matrix weight (`weights_dtype`'s), and the input it must be.
+_MATRIX_READERS = {"MatMul": 1, "Gemm": 1, "Gather": 0}
 
 
 def _constant(initializers: dict, node, position: int):
@@ -83,17 +93,79 @@ def _readers(graph) -> dict:
     return readers
 
 
-def _fold_once(graph, folder) -> int:
-    """Fold each view read from a weight only it reads; returns how many."""
+def _reader_of(graph, name: str):
+    """The one node reading `name` and the input it reads it at, or None."""
+    found = [
+        (node, position)
+        for node in graph.node
+        for position, value in enumerate(node.input)
+        if value == name
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def kept_cast(graph, node, initializers: dict, keep: int | None) -> bool:
+    """Whether `node` casts a weight stored in `keep` (an ONNX half type) to
+    float32 on its way, through views only, to a matrix product or lookup:
+    the `Cast` that stays (see the module docstring).
+
+    Args:
+        graph: the graph.
+        node: a node of it.
+        initializers: its initializers by name.
+        keep: the half type kept, or None (every `Cast` of a weight folds).
+
+    Returns:
+        True where the cast stays.
+    """
+    weight = initializers.get(node.input[0]) if node.input else None
+    if keep is None or node.op_type != "Cast" or weight is None or weight.data_type != keep:
+        return False
+    if attribute(node, "to", 0) != TensorProto.FLOAT:
+        return False
+    value = node.output[0]
+    for _ in range(len(graph.node)):
+        reader = _reader_of(graph, value)
+        if reader is None:
+            return False
+        after, position = reader
+        if _MATRIX_READERS.get(after.op_type) == position:
+            return True
+        if after.op_type not in _RESHAPES + ("Transpose",) or position != 0:
+            return False
+        value = after.output[0]
+    return False
+
+
+def _weight_of(node, initializers: dict, producers: dict, keep: int | None, graph):
+    """The weight `node` views (its first input, or the weight behind a kept
+    `Cast` that is its first input), and that Cast or None."""
+    if not node.input:
+        return None, None
+    weight = initializers.get(node.input[0])
+    if weight is not None:
+        return weight, None
+    cast = producers.get(node.input[0])
+    if cast is not None and node.op_type != "Cast" and kept_cast(graph, cast, initializers, keep):
+        return initializers[cast.input[0]], cast
+    return None, None
+
+
+def _fold_once(graph, folder, keep: int | None) -> int:
+    """Fold each view read from a weight only it reads (through a kept
+    `Cast`, which then moves after it); returns how many."""
     initializers = {init.name: init for init in graph.initializer}
+    producers = {output: node for node in graph.node for output in node.output}
     readers = _readers(graph)
     outputs = {value.name for value in graph.output}
     renames, folded = {}, []
     for position, node in enumerate(graph.node):
-        weight = initializers.get(node.input[0]) if node.input else None
-        if node.op_type not in _VIEWS or weight is None:
+        if node.op_type not in _VIEWS or kept_cast(graph, node, initializers, keep):
             continue
-        if readers.get(weight.name) != 1 or node.output[0] in outputs:
+        weight, cast = _weight_of(node, initializers, producers, keep, graph)
+        if weight is None or readers.get(weight.name) != 1 or node.output[0] in outputs:
+            continue
+        if cast is not None and readers.get(cast.output[0]) != 1:
             continue
         change = _folded(node, weight, initializers, folder)
         if change is None:
@@ -104,27 +176,35 @@ def _fold_once(graph, folder) -> int:
             weight.dims.extend(dims)
         else:
             weights.replace(weight, np.ascontiguousarray(array), folder)
-        renames[node.output[0]] = weight.name
+        if cast is None:
+            renames[node.output[0]] = weight.name
+        else:
+            cast.output[0] = node.output[0]
         folded.append(position)
+        if cast is not None:
+            break  # the producers changed: look again
     for position in reversed(folded):
         del graph.node[position]
     rename_reads(graph, renames)
     return len(folded)
 
 
-def fold_weight_views(proto, folder=None) -> int:
+def fold_weight_views(proto, folder=None, keep: str | None = None) -> int:
     """Fold each view of a weight read by that view alone into the weight, a
     chain of views to its end (see the module docstring).
 
     Args:
         proto: the ModelProto, changed in place.
         folder: the folder of its data files, if any.
+        keep: the half dtype (`"bfloat16"`, `"float16"`) whose matrix weights
+            stay in it behind their `Cast`, or None.
 
     Returns:
         The number of nodes folded.
     """
+    kept = {"bfloat16": TensorProto.BFLOAT16, "float16": TensorProto.FLOAT16}.get(keep)
     total = 0
-    while count := _fold_once(proto.graph, folder):
+    while count := _fold_once(proto.graph, folder, kept):
         total += count
     return total
 
@@ -134,9 +214,11 @@ def run(proto, context: Context) -> PassResult:
 
     Args:
         proto: the ModelProto, changed in place.
-        context: its `data_folder` is where the weights' data files are.
+        context: its `data_folder` is where the weights' data files are;
+            matrix weights in its `weights_dtype` stay in it.
 
     Returns:
         How many nodes were folded.
     """
-    return PassResult(proto, changed=fold_weight_views(proto, context.data_folder))
+    keep = context.weights_dtype if context.weights_dtype != "float32" else None
+    return PassResult(proto, changed=fold_weight_views(proto, context.data_folder, keep))

@@ -33,10 +33,14 @@ def _match_tensordot(g, reshape):
 
 
 def _matrix_shape(g, name):
-    """Shape of a constant matrix, or of `Transpose(matrix)` (a tied weight)."""
+    """Shape of a constant matrix, of `Cast(matrix)` (a weight kept in half
+    precision, `weight_views`), or of `Transpose(matrix)` (a tied weight)."""
     shape = g.const_shape(name)
     if shape is not None:
         return shape if len(shape) == 2 else None
+    cast = g.node(name, "Cast")
+    if cast is not None:
+        return _matrix_shape(g, cast.input[0])
     transpose = g.node(name, "Transpose")
     if transpose is None:
         return None
