@@ -56,10 +56,14 @@ from keras_layers.export import (
     decoder_gate,
     generation,
     loading,
+    memory,
+    pipeline,
     placement,
     quantizing,
+    streamed_quantizing,
 )
 from keras_layers.export.errors import OutputError, UsageError, ValidationFailed, argument
+from keras_layers.export.graph import weights
 from keras_layers.export.options import ExportOptions
 from keras_layers.export.pipeline import checked_options, export_model
 from keras_layers.export.tokenizer_files.gate import check_folder, export_tokenizer
@@ -67,6 +71,8 @@ from keras_layers.export.tokenizer_files.gate import check_folder, export_tokeni
 MODEL_FILE = "model.onnx"
 CONFIG_FILE = "genai_config.json"
 REPORT_FILE = "report.json"
+# The streamed export's quantized weights, in the staging folder.
+_QUANTIZED = "quantized.data"
 # Text prompts of the checks: different lengths, digits, punctuation.
 CHECK_PROMPTS = (
     "The quick brown fox",
@@ -566,14 +572,20 @@ def failure(result: dict) -> str:
 
 def _quantized(kind: str, staging: Path, options, expected: list, keras) -> dict:
     """`staging/<kind>/`: the decoder's weights quantized beside the folder's
-    config and tokenizer files, judged by `decoder_gate` (through `generate`,
-    and through onnxruntime-genai when it is installed)."""
+    config and tokenizer files, judged by `decoder_gate` (`_judged`)."""
     sub = staging / kind
     sub.mkdir()
     summary = quantizing.quantize_weights(staging / MODEL_FILE, sub / MODEL_FILE, kind)
     for path in staging.iterdir():
         if path.is_file() and path.suffix == ".json" and path.name != REPORT_FILE:
             shutil.copy2(path, sub / path.name)
+    return {**summary, **_judged(sub, options, expected, keras)}
+
+
+def _judged(sub: Path, options, expected: list, keras) -> dict:
+    """`decoder_gate`'s verdict on the quantized folder `sub` (through
+    `generate`, and through onnxruntime-genai when it is installed), and the
+    bytes of its model files."""
     pairs = [(item.ids, item.tokens) for item in expected]
     gate = decoder_gate.judge(
         sub / MODEL_FILE,
@@ -605,7 +617,7 @@ def _quantized(kind: str, staging: Path, options, expected: list, keras) -> dict
             )
             gate["passed"] = False
     size = sum(path.stat().st_size for path in sub.iterdir() if path.suffix != ".json")
-    return {**summary, **gate, "file_bytes": size}
+    return {**gate, "file_bytes": size}
 
 
 def _held_out_side(loaded, decoder, context: int) -> decoder_gate.KerasSide:
@@ -619,11 +631,12 @@ def _held_out_side(loaded, decoder, context: int) -> decoder_gate.KerasSide:
     )
 
 
-def _gate_quantized(report: dict, staging: Path, folder: Path, options, sides) -> None:
-    """Write and judge the quantized folder in `staging`; its figures go into
-    the report, and a failed gate raises with the refused folder kept."""
+def _gate_quantized(report: dict, staging: Path, folder: Path, options, sides, gate=None):
+    """Write and judge the quantized folder in `staging` (or take `gate`, the
+    streamed export's); its figures go into the report, and a failed gate
+    raises with the refused folder kept."""
     kind = options.quantize
-    gate = _quantized(kind, staging, options, *sides)
+    gate = gate or _quantized(kind, staging, options, *sides)
     report["folder"]["quantized"] = {kind: gate}
     if not gate["passed"]:
         report["passed"] = False
@@ -707,7 +720,8 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
     """
     folder = check_folder(folder)
     options = _checked(options, folder)
-    loaded = loading.load(lm, imports=options.imports, unsafe=options.unsafe)
+    streamed = streams(lm, options)
+    loaded = loading.load(lm, imports=options.imports, unsafe=options.unsafe, stored=streamed)
     decoder = causal_lm.describe(loaded)
     preprocessor = getattr(loaded.model, "preprocessor", None)
     ids = special_ids(preprocessor, decoder.vocabulary)
@@ -723,30 +737,127 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
         folder.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise OutputError(f"{argument('folder', folder)}: {error.strerror or error}") from error
+    # Read from the model now: the streamed export releases it before the config.
+    searches = {shared: _search(loaded.model, context, shared) for shared in (True, False)}
+    heads = query_heads(loaded.model, decoder)
+    described = _Described(loaded, decoder, preprocessor, ids, context, searches, heads)
     with placement.staging_folder(folder) as staging:
-        inner = replace(options, report_path=staging / REPORT_FILE, quantize=None)
-        report = export_model(loaded.model, staging / MODEL_FILE, inner, task="causal-lm")
-        if preprocessor is not None:
-            report["tokenizer"] = export_tokenizer(preprocessor, staging).report()
-        shared = why_no_shared_buffer(staging / MODEL_FILE) is None
-        search, heads = _search(loaded.model, context, shared), query_heads(loaded.model, decoder)
-        config = genai_config(decoder, ids, context, search, heads)
-        placement.write_json(config, staging / CONFIG_FILE)
-        proof = prove_folder(staging, expected, ids.eos)
-        report["folder"] = {"config": config, "context_length": context, **proof}
-        report["passed"] = report["passed"] and proof["passed"]
-        if not proof["passed"]:
-            raise ValidationFailed(
-                f"the folder does not generate as Keras does: {failure(proof)}. Nothing was "
-                "placed.",
-                report,
-            )
-        if options.quantize:
-            _gate_quantized(report, staging, folder, options, (expected, keras))
+        write = _write_streamed if streamed else _write_float
+        report = write(described, staging, folder, options, (expected, keras))
+        placement.write_json(report, staging / REPORT_FILE)  # to be among the moves
         moves = _placed(report, folder, staging)  # the report names the placed paths
+        if streamed:
+            report["onnx_path"] = str(folder / options.quantize / MODEL_FILE)
         placement.write_json(report, staging / REPORT_FILE)
         for _, target in moves:
-            target.parent.mkdir(exist_ok=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
         with placement.output_lock(folder / MODEL_FILE):
             placement.place(moves)
     return report
+
+
+@dataclass
+class _Described:
+    """What the folder's stages know of the loaded causal LM."""
+
+    loaded: object
+    decoder: causal_lm.Decoder
+    preprocessor: object
+    ids: SpecialIds
+    context: int
+    searches: dict  # `_search`'s, by whether the cache buffer is shared
+    heads: int  # `query_heads`
+
+    def config(self, model_path: Path) -> dict:
+        """`genai_config` for the decoder at `model_path` (its cache shared
+        where `why_no_shared_buffer` finds nothing against it)."""
+        search = self.searches[why_no_shared_buffer(model_path) is None]
+        return genai_config(self.decoder, self.ids, self.context, search, self.heads)
+
+
+def _write_float(described: _Described, staging: Path, folder: Path, options, sides) -> dict:
+    """The float32 decoder exported and checked (`export_model`), the
+    tokenizer files, the config, the folder proved; then, with `quantize`,
+    `staging/<kind>/` quantized from it and gated."""
+    inner = replace(options, report_path=staging / REPORT_FILE, quantize=None)
+    loaded = described.loaded
+    report = export_model(loaded.model, staging / MODEL_FILE, inner, task="causal-lm")
+    if described.preprocessor is not None:
+        report["tokenizer"] = export_tokenizer(described.preprocessor, staging).report()
+    config = described.config(staging / MODEL_FILE)
+    placement.write_json(config, staging / CONFIG_FILE)
+    expected = sides[0]
+    proof = prove_folder(staging, expected, described.ids.eos)
+    report["folder"] = {"config": config, "context_length": described.context, **proof}
+    report["passed"] = report["passed"] and proof["passed"]
+    if not proof["passed"]:
+        raise ValidationFailed(
+            f"the folder does not generate as Keras does: {failure(proof)}. Nothing was placed.",
+            report,
+        )
+    if options.quantize:
+        _gate_quantized(report, staging, folder, options, sides)
+    return report
+
+
+def _write_streamed(described: _Described, staging: Path, folder: Path, options, sides) -> dict:
+    """The streamed export: the decoder traced from the model holding its
+    stored half-precision weights, its matrix products quantized one weight
+    at a time (`streamed_quantizing`) into `staging/<kind>/` with the
+    tokenizer files and the config, and gated against Keras on the same
+    stored weights. No float32 copy of the weights is ever made, so no float
+    decoder is written or checked: the gate is the check."""
+    kind, loaded = options.quantize, described.loaded
+    sub = staging / kind
+    sub.mkdir()
+    inner = replace(options, report_path=None, quantize=None)
+    proto, graph = pipeline.convert_loaded(loaded, staging, inner)
+    loaded.release_model()  # Keras' weights go before the gate's ONNX Runtime session
+    summary = streamed_quantizing.quantize_streamed(proto, staging, staging / _QUANTIZED, kind)
+    weights.save(proto, staging, sub / MODEL_FILE, sub / f"{MODEL_FILE}.data")
+    for path in staging.glob("*.data"):
+        path.unlink()  # the staging copies: the folder's data file holds what it reads
+    streamed = {"weight_bytes": loaded.param_bytes, "stored_policies": loaded.source_policies}
+    report = {"passed": True, "task": "causal-lm", "streamed": streamed, **graph}
+    if described.preprocessor is not None:
+        report["tokenizer"] = export_tokenizer(described.preprocessor, sub).report()
+    config = described.config(sub / MODEL_FILE)
+    placement.write_json(config, sub / CONFIG_FILE)
+    report["folder"] = {"config": config, "context_length": described.context}
+    gate = {**summary, **_judged(sub, options, *sides)}
+    _gate_quantized(report, staging, folder, options, sides, gate)
+    return report
+
+
+def streams(lm, options: ExportOptions) -> bool:
+    """Whether the folder is written by the streamed export (`_write_streamed`):
+    asked for (`quantize` with `weights_dtype="keep"`), or chosen because
+    the float32 export would not fit in memory and the stored weights would.
+
+    Args:
+        lm: the causal LM or its path.
+        options: the export's options.
+
+    Returns:
+        True for the streamed export.
+
+    Raises:
+        UsageError: neither export fits (exit 2): both figures are said.
+    """
+    if options.quantize and options.weights_dtype == "keep":
+        return True
+    if not options.memory_check:
+        return False
+    widened = memory.estimated_param_bytes(lm)
+    try:
+        memory.check_fits(widened)
+    except UsageError as refusal:
+        stored = memory.estimated_param_bytes(lm, stored=True)
+        if not options.quantize or stored >= widened:
+            raise
+        try:
+            memory.check_fits(stored, streamed=True)
+        except UsageError as streamed:
+            raise UsageError(f"{refusal}; streamed from its stored weights, {streamed}") from None
+        return True
+    return False

@@ -413,7 +413,7 @@ def _weight_datasets(path: Path, weights) -> Iterator[tuple]:
                     stack.append((f"{where}/", item))
 
 
-def _dataset_bytes(path: Path, where: str, dataset, file_size: int) -> tuple[int, int, int]:
+def _dataset_bytes(path: Path, where: str, dataset, file_size: int, keep=False) -> tuple:
     """(bytes declared, bytes stored, bytes once loaded) of one dataset, refused
     where its bytes live in another file or it stores far less than it declares
     (the rule: the comment above `_MAX_WEIGHT_LINKS`)."""
@@ -444,11 +444,12 @@ def _dataset_bytes(path: Path, where: str, dataset, file_size: int) -> tuple[int
             f"{tuple(shape)} of {itemsize}-byte items) and stores {_size(stored)} ({how}): "
             f"more than {_MAX_INFLATION} times less, like a size bomb; {fix_it}"
         )
-    # Loaded, a weight takes at least float32's 4 bytes (half precision is widened).
-    return declared, stored, elements * max(itemsize, 4)
+    # Loaded, a weight takes at least float32's 4 bytes (half precision is widened),
+    # or with `load(stored=True)` its own.
+    return declared, stored, elements * (itemsize if keep else max(itemsize, 4))
 
 
-def _weights_held(path: Path, archive: zipfile.ZipFile) -> int:
+def _weights_held(path: Path, archive: zipfile.ZipFile, stored: bool = False) -> int:
     """The bytes the model's variables take once loaded, as the weights file's
     datasets declare them (the optimizer's left out: compile=False never reads
     them), each dataset checked (`_dataset_bytes`), and all of them together
@@ -462,14 +463,14 @@ def _weights_held(path: Path, archive: zipfile.ZipFile) -> int:
     try:
         with open(path, "rb") as file, _weights_file(archive, file) as (weights, file_size):
             for where, dataset in _weight_datasets(path, weights):
-                declared, stored, loaded = _dataset_bytes(path, where, dataset, file_size)
+                declared, kept, loaded = _dataset_bytes(path, where, dataset, file_size, stored)
                 if where.split("/")[0] not in _UNREAD_GROUPS:
                     held += loaded
                 address = h5py.h5o.get_info(dataset.id).addr
                 if address not in seen:
                     seen.add(address)
                     declared_total += declared
-                    stored_total += stored
+                    stored_total += kept
     except _H5_ERRORS as error:
         raise ModelLoadError(
             f"{path}: cannot read its weights file {lean_loading.WEIGHTS_ENTRY} "
@@ -486,7 +487,7 @@ def _weights_held(path: Path, archive: zipfile.ZipFile) -> int:
     return held
 
 
-def _config_variable_bytes(config: dict) -> int | None:
+def _config_variable_bytes(config: dict, stored: bool = False) -> int | None:
     """The bytes of the variables a model config declares, from the model built
     with its variables deferred: no initializer runs, nothing sizeable is
     allocated (`lean_loading`). None where it cannot be built so: a custom layer
@@ -510,11 +511,13 @@ def _config_variable_bytes(config: dict) -> int | None:
             itemsize = max(4, np.dtype(variable.dtype).itemsize)
         except TypeError:
             itemsize = 4
+        if stored and str(variable.dtype) in _PURE_HALF:
+            itemsize = 2
         total += itemsize * int(np.prod(variable.shape, dtype=np.int64))
     return total
 
 
-def declared_weight_bytes(path: Path) -> int | None:
+def declared_weight_bytes(path: Path, stored: bool = False) -> int | None:
     """The bytes a `.keras` archive's model will hold once loaded, from what the
     archive declares, read before anything is loaded: the larger of the sizes
     its weights file's datasets declare and those of the variables its config
@@ -523,6 +526,8 @@ def declared_weight_bytes(path: Path) -> int | None:
 
     Args:
         path: the `.keras` archive.
+        stored: count half-precision weights at their own 2 bytes, as
+            `load(stored=True)` holds them, not widened to float32.
 
     Returns:
         The bytes, or None where the file is no readable zip (loading says why).
@@ -535,11 +540,11 @@ def declared_weight_bytes(path: Path) -> int | None:
     try:
         with zipfile.ZipFile(path) as archive:
             _check_entries(path, archive)
-            held = _weights_held(path, archive)
+            held = _weights_held(path, archive, stored)
             config = _read_config(path, archive)
     except _ZIP_ERRORS:
         return None
-    return max(held, _config_variable_bytes(config) or 0)
+    return max(held, _config_variable_bytes(config, stored) or 0)
 
 
 def _nesting_depth(text: bytes) -> int:
@@ -944,16 +949,17 @@ def unique_variables(model) -> list:
     return variables
 
 
-def variable_bytes(variable) -> int:
-    """A variable's size as exported: float32, or its own dtype's where that
-    is half precision (kept by `load(stored=True)`)."""
-    size = 2 if str(variable.dtype) in _PURE_HALF else 4
+def variable_bytes(variable, stored: bool = True) -> int:
+    """A variable's size as exported: float32, or with `stored` its own
+    dtype's where that is half precision (kept by `load(stored=True)`)."""
+    size = 2 if stored and str(variable.dtype) in _PURE_HALF else 4
     return size * int(np.prod(variable.shape, dtype=np.int64))
 
 
-def param_bytes(model) -> int:
-    """The model's weights as exported (`variable_bytes`), each shared variable counted once."""
-    return sum(variable_bytes(variable) for variable in unique_variables(model))
+def param_bytes(model, stored: bool = True) -> int:
+    """The model's weights as exported (`variable_bytes`), each shared
+    variable counted once."""
+    return sum(variable_bytes(variable, stored) for variable in unique_variables(model))
 
 
 def _half_policies(model) -> list:

@@ -48,6 +48,11 @@ BASELINE_BYTES = 1_500_000_000  # TensorFlow, Keras, onnxruntime loaded, a tiny 
 # The growth of the virtual size from the check to the export's end: a tiny
 # model's, each core's threads, and per byte of weights (measured: module docstring).
 ADDRESS_PER_PARAM_BYTE = 5.5
+# The streamed export of a causal LM into an int4 folder (`genai_folder`):
+# the model held in its stored half precision, one weight widened at a time;
+# per stored byte (measured: `benchmarks/big_model.py --streamed`).
+STREAMED_PEAK_PER_STORED_BYTE = 1.5
+STREAMED_ADDRESS_PER_STORED_BYTE = 3.0
 ADDRESS_BASELINE_BYTES = 750_000_000
 ADDRESS_PER_CORE_BYTES = 48_000_000
 # Importing TensorFlow, Keras, tf2onnx and onnxruntime, when the check runs first
@@ -267,12 +272,14 @@ def _address_baseline() -> int:
     )
 
 
-def _refusal(limit: Limit, weight_bytes: int) -> str | None:
+def _refusal(limit: Limit, weight_bytes: int, streamed: bool = False) -> str | None:
     """Why `limit` cannot hold the export, or None where it can."""
     if limit.address_space:
-        ratio, baseline, what = ADDRESS_PER_PARAM_BYTE, _address_baseline(), "of address space"
+        ratio = STREAMED_ADDRESS_PER_STORED_BYTE if streamed else ADDRESS_PER_PARAM_BYTE
+        baseline, what = _address_baseline(), "of address space"
     else:
-        ratio, baseline, what = PEAK_PER_PARAM_BYTE, BASELINE_BYTES, "of memory"
+        ratio = STREAMED_PEAK_PER_STORED_BYTE if streamed else PEAK_PER_PARAM_BYTE
+        baseline, what = BASELINE_BYTES, "of memory"
     need = baseline + ratio * weight_bytes
     if need <= limit.available:
         return None
@@ -284,11 +291,13 @@ def _refusal(limit: Limit, weight_bytes: int) -> str | None:
     )
 
 
-def check_fits(weight_bytes: int) -> None:
+def check_fits(weight_bytes: int, streamed: bool = False) -> None:
     """Refuse an export whose estimated peak exceeds the memory available.
 
     Args:
-        weight_bytes: the model's weights, in bytes.
+        weight_bytes: the model's weights, in bytes (as stored, with `streamed`).
+        streamed: the estimate of the streamed export of a causal LM into
+            an int4 folder (`STREAMED_PEAK_PER_STORED_BYTE`).
 
     Raises:
         UsageError: the estimate exceeds what a limit leaves (exit 2); the
@@ -296,23 +305,25 @@ def check_fits(weight_bytes: int) -> None:
             check.
     """
     for limit in limits():
-        reason = _refusal(limit, weight_bytes)
+        reason = _refusal(limit, weight_bytes, streamed)
         if reason is not None:
             raise UsageError(reason)
 
 
-def archive_weight_bytes(path: Path) -> int:
-    """The weights a `.keras` archive declares (`loading.declared_weight_bytes`),
-    or, where its weights file cannot be read, the sizes its zip directory gives."""
-    declared = declared_weight_bytes(path)
+def archive_weight_bytes(path: Path, stored: bool = False) -> int:
+    """The weights a `.keras` archive declares (`loading.declared_weight_bytes`,
+    half precision kept with `stored`), or, where its weights file cannot be
+    read, the sizes its zip directory gives."""
+    declared = declared_weight_bytes(path, stored)
     if declared is not None:
         return declared
     with zipfile.ZipFile(path) as archive:
         return sum(item.file_size for item in archive.infolist() if item.filename.endswith(".h5"))
 
 
-def estimated_param_bytes(model) -> int:
-    """The weights' bytes of a model in memory or of a `.keras` path.
+def estimated_param_bytes(model, stored: bool = False) -> int:
+    """The weights' bytes of a model in memory or of a `.keras` path: in
+    float32, or with `stored` half-precision weights at their own 2 bytes.
 
     Raises:
         ModelLoadError: the archive's weights file is refused (a size bomb, a
@@ -322,9 +333,9 @@ def estimated_param_bytes(model) -> int:
         try:
             if not stat.S_ISREG(os.stat(model).st_mode):
                 return 0  # a FIFO or device is never opened here: loading refuses it
-            return archive_weight_bytes(Path(model))
+            return archive_weight_bytes(Path(model), stored)
         except (OSError, zipfile.BadZipFile):
             return 0  # not readable as an archive: loading will say why
     if not hasattr(model, "weights"):
         return 0  # not a model: loading will say so
-    return param_bytes(model)
+    return param_bytes(model, stored)

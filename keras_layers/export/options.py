@@ -51,6 +51,9 @@ class ExportOptions:
             float32 otherwise); computed in float32 either way
             (`passes.weights_dtype`). Weights rounded to float16 are checked
             at `validating.HALF_WEIGHTS_ATOL` and `HALF_WEIGHTS_RTOL` at least.
+            With `quantize` and a causal-lm folder, `"keep"` streams the
+            stored weights into the quantized folder without a float32 copy
+            (`genai_folder`; chosen by itself when float32 would not fit).
         quantize: `"int8"` also writes `OUTPUT.int8.onnx`, quantized dynamically
             and judged by its top-1 agreement with Keras pooled over the grid.
             With `--task causal-lm` and a folder output, `"int8"` or `"int4"`
@@ -122,10 +125,11 @@ class ExportOptions:
         _check_choice("quantize", self.quantize, QUANTIZE_CHOICES, "unsupported; ", none_ok=True)
         _check_choice("external_data", self.external_data, EXTERNAL_DATA_CHOICES, "")
         _check_choice("weights_dtype", self.weights_dtype, WEIGHTS_DTYPE_CHOICES, "")
-        if self.quantize and self.weights_dtype != "float32":
+        if self.quantize and self.weights_dtype == "float16":
             raise UsageError(
                 f"{argument('weights_dtype', self.weights_dtype)}: the quantized files are made "
-                "from float32 weights; leave weights_dtype at float32 with quantize"
+                "from float32 weights, or with keep streamed from the stored ones; leave "
+                "weights_dtype at float32 (or keep) with quantize"
             )
         if self.shapes is not None:
             _set(self, "shapes", validating.check_shapes(self.shapes))

@@ -286,6 +286,12 @@ def _before_any_work(model, output: Path, options: ExportOptions, task: str):
         )
     exporter = tasks.lookup(task)
     exporter.check(options)
+    if options.quantize and options.weights_dtype == "keep":
+        raise UsageError(
+            f"{argument('weights_dtype', 'keep')} with {argument('quantize', options.quantize)}: "
+            "streams a causal LM's stored weights into its quantized folder; give --task "
+            "causal-lm and -o FOLDER/, or leave weights_dtype at float32"
+        )
     targets = placement.Targets(
         onnx=output, report=options.report_path or placement.default_report_path(output)
     )
@@ -344,6 +350,40 @@ def _convert(model, task: Task, options: ExportOptions, run: Run, folder: Path) 
         loaded = loading.load(
             model, imports=options.imports, unsafe=options.unsafe, input_roles=options.input_roles
         )
+    return _convert_loaded(loaded, task, options, run, folder)
+
+
+def convert_loaded(loaded, folder: Path, options: ExportOptions, task: str = "causal-lm"):
+    """Trace, convert and slim a loaded model, and stop there: no check, no
+    file written but the weights' data files in `folder`
+    (`genai_folder`'s streamed export quantizes the graph next).
+
+    Args:
+        loaded: the `LoadedModel` (its inputs and outputs become the file's).
+        folder: the staging folder the weights' data files go to.
+        options: the export's options.
+        task: the name of the task to trace.
+
+    Returns:
+        `(proto, report)`: the slimmed ModelProto, its weights in data files
+        in `folder` (`graph.weights`), and what the report says of the
+        graph (`graph`, `stage_seconds`).
+    """
+    run = Run(no_progress, Interrupts())
+    exporter = tasks.lookup(task)
+    converted = _convert_loaded(loaded, exporter, options, run, folder)
+    slimmed = converted.slimmed
+    graph = {
+        "nodes_converted": slimmed.nodes_before,
+        "nodes_slimmed": slimmed.nodes_after,
+        "fused": {op: count for op, count in slimmed.fused.items() if count},
+    }
+    seconds = {name: round(value, 3) for name, value in run.seconds.items()}
+    return slimmed.proto, {"graph": graph, "stage_seconds": seconds}
+
+
+def _convert_loaded(loaded, task: Task, options: ExportOptions, run: Run, folder: Path):
+    """Trace, convert and slim (`_convert` after its load)."""
     external = memory.uses_external_data(options.external_data, loaded.param_bytes)
     with run.stage("trace"):
         described = task.describe(loaded)

@@ -1,0 +1,186 @@
+"""The streamed int4 export of a causal LM stored in half precision.
+
+A keras-hub Llama 3 built in bfloat16 (tokenizer and preprocessor included)
+is saved, then exported to an int4 folder twice: through float32 (the model
+widened, the float decoder exported and checked, ONNX Runtime's
+`MatMulNBitsQuantizer` run on the whole file) and streamed (the model held in
+bfloat16, each weight quantized on its own). The oracle is the first: the
+streamed folder's quantized weights must be byte for byte its weights, and
+its gate's figures its figures. Peak memory is measured, not asserted, by
+`benchmarks/big_model.py --streamed`.
+"""
+
+import collections
+import hashlib
+
+import keras
+import keras_hub
+import numpy as np
+import onnx
+import pytest
+import zoo_tokenizers
+from onnx import numpy_helper
+
+from keras_layers.export import genai_folder, loading, memory, streamed_quantizing
+from keras_layers.export.errors import UsageError
+from keras_layers.export.options import ExportOptions
+from keras_layers.export import export_model
+
+pytestmark = [
+    pytest.mark.tensorflow_only,  # the export pipeline runs on TensorFlow
+    pytest.mark.xdist_group("streamed"),  # module fixtures: one worker (loadgroup)
+]
+
+# A tiny random model's greedy tokens barely survive 4 bits: the gate is
+# opened here, and the test compares the two exports' figures instead.
+OPEN_GATE = {"decoder_min_agreement": 0.0, "decoder_max_nll_change": 10.0}
+
+
+@pytest.fixture(scope="module")
+def bf16_llama(tmp_path_factory):
+    """The path of a tiny keras-hub Llama 3 causal LM saved in bfloat16."""
+    keras.utils.set_random_seed(3)
+    tokenizer = zoo_tokenizers.build("Llama3Tokenizer")
+    backbone = keras_hub.models.Llama3Backbone(
+        vocabulary_size=tokenizer.vocabulary_size(),
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=64,
+        intermediate_dim=128,
+        dtype="bfloat16",
+    )
+    preprocessor = keras_hub.models.Llama3CausalLMPreprocessor(tokenizer, sequence_length=32)
+    lm = keras_hub.models.Llama3CausalLM(backbone, preprocessor=preprocessor)
+    path = tmp_path_factory.mktemp("bf16") / "llama3.keras"
+    lm.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def both_folders(bf16_llama, tmp_path_factory):
+    """(float32 path's report and folder, streamed path's report and folder)."""
+    root = tmp_path_factory.mktemp("folders")
+    made = []
+    for dtype in ("float32", "keep"):
+        folder = root / dtype
+        options = ExportOptions(quantize="int4", weights_dtype=dtype, **OPEN_GATE)
+        report = export_model(bf16_llama, f"{folder}/", options, task="causal-lm")
+        made.append((report, folder))
+    return made
+
+
+def _quantized_weights(path) -> collections.Counter:
+    """Each MatMulNBits' (K, N, weight bytes, scale bytes), as a multiset."""
+    proto = onnx.load(path)
+    initializers = {init.name: init for init in proto.graph.initializer}
+    found = collections.Counter()
+    for node in proto.graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        sizes = tuple(a.i for a in node.attribute if a.name in ("K", "N"))
+        blobs = tuple(
+            hashlib.sha256(numpy_helper.to_array(initializers[name]).tobytes()).hexdigest()
+            for name in node.input[1:]
+        )
+        found[sizes + blobs] += 1
+    return found
+
+
+def test_stored_precision_holds_half_weights_and_computes_as_the_widened_model(bf16_llama):
+    widened = loading.load(bf16_llama)
+    stored = loading.load(bf16_llama, stored=True)
+    assert {str(v.dtype) for v in stored.model.weights} == {"bfloat16"}
+    assert {str(v.dtype) for v in widened.model.weights} == {"float32"}
+    assert stored.param_bytes * 2 == widened.param_bytes
+    # The archive's declared sizes (read before loading) count the same widening.
+    declared = [memory.estimated_param_bytes(bf16_llama, stored=keep) for keep in (True, False)]
+    assert declared[1] - declared[0] == widened.param_bytes - stored.param_bytes
+    ids = np.array([[5, 9, 2, 14, 7]], "int32")
+    inputs = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
+    ours = keras.ops.convert_to_numpy(stored.model(inputs))
+    oracle = keras.ops.convert_to_numpy(widened.model(inputs))
+    assert ours.dtype == np.float32
+    np.testing.assert_array_equal(ours, oracle)  # widening bfloat16 is exact
+
+
+def test_the_streamed_folder_holds_the_float32_quantizers_weights_byte_for_byte(both_folders):
+    (float_report, float_folder), (report, folder) = both_folders
+    assert "streamed" in report and "streamed" not in float_report
+    ours = _quantized_weights(folder / "int4" / "model.onnx")
+    oracle = _quantized_weights(float_folder / "int4" / "model.onnx")
+    assert sum(ours.values()) == 15  # 2 layers x 7 projections, and the output
+    assert ours == oracle
+    gate, oracle_gate = (r["folder"]["quantized"]["int4"] for r in (report, float_report))
+    for figure in ("greedy_agreement", "mean_abs_log_prob_change", "genai_agreement"):
+        assert gate[figure] == oracle_gate[figure], figure
+    assert gate["quantized"] == oracle_gate["quantized"] == 15
+
+
+def test_the_streamed_folder_is_what_genai_runs_and_nothing_else(both_folders):
+    (_, float_folder), (report, folder) = both_folders
+    assert sorted(p.name for p in folder.iterdir()) == ["int4", "report.json"]
+    inside = {p.name for p in (folder / "int4").iterdir()}
+    float_inside = {p.name for p in (float_folder / "int4").iterdir()}
+    assert inside == float_inside | {"model.onnx.data"}
+    assert report["onnx_path"] == str(folder / "int4" / "model.onnx")
+    proto = onnx.load(folder / "int4" / "model.onnx", load_external_data=False)
+    dtypes = {init.data_type for init in proto.graph.initializer}
+    assert onnx.TensorProto.FLOAT16 not in dtypes  # no float16 anywhere
+    # The one weight left in bfloat16 is the embedding table, behind the Cast
+    # its lookup reads (ONNX Runtime folds it when the session starts).
+    halves = [i for i in proto.graph.initializer if i.data_type == onnx.TensorProto.BFLOAT16]
+    assert len(halves) == 1 and halves[0].dims[1] == 64
+    (cast,) = [n for n in proto.graph.node if halves[0].name in n.input]
+    assert cast.op_type == "Cast"
+    assert [n.op_type for n in proto.graph.node if cast.output[0] in n.input] == ["Gather"]
+    assert report["folder"]["quantized"]["int4"]["genai_agreement"] is not None
+
+
+def test_a_changed_block_size_fails_the_byte_comparison(
+    bf16_llama, both_folders, tmp_path, monkeypatch
+):
+    """Prove the proof: with blocks of 64, not the 32 of
+    `quantizing.quantize_weights`, every quantized weight differs."""
+    monkeypatch.setattr(streamed_quantizing, "BLOCK_SIZE", 64)
+    options = ExportOptions(quantize="int4", weights_dtype="keep", **OPEN_GATE)
+    genai_folder.export_folder(bf16_llama, tmp_path / "b64", options)
+    ours = _quantized_weights(tmp_path / "b64" / "int4" / "model.onnx")
+    oracle = _quantized_weights(both_folders[0][1] / "int4" / "model.onnx")
+    assert sum(ours.values()) == 15 and not ours & oracle
+    blocks = onnx.load(tmp_path / "b64" / "int4" / "model.onnx", load_external_data=False)
+    sizes = {a.i for n in blocks.graph.node for a in n.attribute if a.name == "block_size"}
+    assert sizes == {64}
+
+
+def test_the_memory_check_streams_when_float32_cannot_fit(bf16_llama, monkeypatch):
+    """float32 needs 2x the stored bytes: a limit between the two estimates
+    chooses streaming; one under both refuses with both figures."""
+    stored = memory.estimated_param_bytes(bf16_llama, stored=True)
+    widened = memory.estimated_param_bytes(bf16_llama)
+    float_need = memory.BASELINE_BYTES + memory.PEAK_PER_PARAM_BYTE * widened
+    stream_need = memory.BASELINE_BYTES + memory.STREAMED_PEAK_PER_STORED_BYTE * stored
+    assert stream_need < float_need
+    options = ExportOptions(quantize="int4")
+    between = memory.Limit("a test limit", int((float_need + stream_need) / 2))
+    monkeypatch.setattr(memory, "limits", lambda: [between])
+    assert genai_folder.streams(bf16_llama, options)
+    assert not genai_folder.streams(bf16_llama, ExportOptions(quantize="int4", memory_check=False))
+    with pytest.raises(UsageError, match="needs about"):
+        genai_folder.streams(bf16_llama, ExportOptions())  # no quantize: nothing to stream
+    under = memory.Limit("a test limit", int(stream_need / 2))
+    monkeypatch.setattr(memory, "limits", lambda: [under])
+    with pytest.raises(UsageError) as refused:
+        genai_folder.streams(bf16_llama, options)
+    message = str(refused.value)
+    assert f"{widened / 1e9:.2f} GB of weights" in message
+    assert f"streamed from its stored weights, exporting this model needs about" in message
+    assert f"{stored / 1e9:.2f} GB of weights" in message
+
+
+def test_keep_with_quantize_is_refused_for_a_file(bf16_llama, tmp_path):
+    options = ExportOptions(quantize="int8", weights_dtype="keep")
+    with pytest.raises(UsageError, match="streams a causal LM's stored weights"):
+        export_model(bf16_llama, tmp_path / "out.onnx", options)
+    with pytest.raises(UsageError, match="weights_dtype='float16'"):
+        ExportOptions(quantize="int4", weights_dtype="float16")
