@@ -4,6 +4,7 @@
     python benchmarks/big_model.py --sizes 0.5     # one size only
     python benchmarks/big_model.py --no-keras-hub  # only the models built from our layers
     python benchmarks/big_model.py --sizes "" --no-keras-hub --add  # rerun the tied matrix
+    python benchmarks/big_model.py --sizes "" --no-keras-hub --no-tied --add --streamed llama-7b
 
 Each model is built with random weights and saved in a child process of its
 own, then exported by `python export/to_onnx.py` in another; the export's peak
@@ -16,6 +17,17 @@ hidden 2048, 32 query and 4 key/value heads, intermediate 5632, vocabulary
 32000). Validation runs on a small grid (1x7, 2x16, padded): the weights, not
 the activations, are what this measures. Writes benchmarks/results/big_model.json
 and .png; docs/performance.md's table is rendered from the JSON.
+
+`--streamed` measures the streamed int4 export of keras-hub Llamas built and
+saved in bfloat16 (`llama-1b`: TinyLlama's shape; `llama-7b`: Llama 2 7B's,
+32 layers, hidden 4096, 32 heads, intermediate 11008, 6.7B parameters, 13.5 GB
+in bfloat16 and 27 GB in float32): `python export/to_onnx.py MODEL --task
+causal-lm --quantize int4 -o FOLDER/` (for the 1B, whose float32 export fits,
+with `--weights-dtype keep`), its peak RSS against the bfloat16 bytes, the
+int4 folder's size and the gate's figures against Keras on the same weights.
+Such a model is saved without Keras' `model.save`, which holds the whole
+weights file in memory twice while it writes the archive: its weights are
+written by `save_weights` to a file, and the archive is assembled from it.
 """
 
 import argparse
@@ -51,6 +63,15 @@ LLAMA_1B = dict(
     hidden_dim=2048,
     intermediate_dim=5632,
 )
+LLAMA_7B = dict(
+    vocabulary_size=32000,
+    num_layers=32,
+    num_query_heads=32,
+    num_key_value_heads=32,
+    hidden_dim=4096,
+    intermediate_dim=11008,
+)
+STREAMED = {"llama-1b": LLAMA_1B, "llama-7b": LLAMA_7B}
 VOCABULARY = 32000
 # One tied matrix, 3.9 GB: Keras' transposed copy of a tied matrix and
 # TensorFlow's transient copies of the largest variable are what it tests.
@@ -72,20 +93,48 @@ def build_ours(width: int, layers: int):
     return keras.Model(ids, TiedOutputDense(embedding, name="logits")(hidden))
 
 
-def build_llama():
-    """TinyLlama's shape, every weight drawn anew: keras-hub draws a layer's
-    key and value kernels from one seeded initializer, equal values a trained
-    model never has (and the export would store once)."""
+def build_llama(config=None, dtype="float32"):
+    """TinyLlama's shape (or `config`), every weight drawn anew: keras-hub
+    draws a layer's key and value kernels from one seeded initializer, equal
+    values a trained model never has (and the export would store once)."""
     import keras_hub
     import numpy as np
 
-    backbone = keras_hub.models.LlamaBackbone(**LLAMA_1B)
+    backbone = keras_hub.models.LlamaBackbone(**(config or LLAMA_1B), dtype=dtype)
     rng = np.random.default_rng(0)
     for variable in backbone.weights:
         scale = 0.02 if len(variable.shape) > 1 else 1.0
         values = rng.standard_normal(variable.shape, dtype=np.float32) * scale
         variable.assign(values if len(variable.shape) > 1 else np.ones_like(values))
+        del values
     return keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+
+
+def save_without_buffering(model, path: Path) -> None:
+    """The `.keras` archive `model.save` writes (config, metadata, weights
+    stored uncompressed), its weights file written to disk by `save_weights`
+    and copied into the archive a piece at a time."""
+    import zipfile
+
+    import keras
+    from keras.src.saving import saving_lib
+
+    weights = path.with_suffix(".weights.h5")
+    model.save_weights(weights)
+    config = keras.saving.serialize_keras_object(model)
+    metadata = {
+        "keras_version": keras.__version__,
+        "date_saved": time.strftime("%Y-%m-%d@%H:%M:%S"),
+    }
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr(saving_lib._CONFIG_FILENAME, json.dumps(config))
+        archive.writestr(saving_lib._METADATA_FILENAME, json.dumps(metadata))
+        entry = zipfile.ZipInfo(saving_lib._VARS_FNAME_H5, time.localtime()[:6])
+        entry.file_size = weights.stat().st_size
+        with open(weights, "rb") as source, archive.open(entry, "w", force_zip64=True) as target:
+            while piece := source.read(64 << 20):
+                target.write(piece)
+    weights.unlink()
 
 
 def build_tied_giant():
@@ -101,6 +150,12 @@ def build_tied_giant():
 
 def _build(name: str, path: str) -> None:
     """Child process: build model `name`, save it to `path`, print its size."""
+    if name.endswith("-bf16"):
+        model = build_llama(STREAMED[name.removesuffix("-bf16")], "bfloat16")
+        parameters = model.count_params()
+        save_without_buffering(model, Path(path))
+        print(json.dumps({"parameters": parameters}))
+        return
     builders = {"llama-1b": build_llama, "tied": build_tied_giant}
     model = builders[name]() if name in builders else build_ours(*OUR_MODELS[float(name)])
     parameters = model.count_params()
@@ -182,7 +237,70 @@ def measure(name: str, work: Path) -> dict:
     return row
 
 
+def measure_streamed(name: str, work: Path) -> dict:
+    """The streamed int4 export of keras-hub Llama `name` saved in bfloat16."""
+    model = work / "model.keras"
+    start = time.perf_counter()
+    built = subprocess.run(
+        [sys.executable, __file__, "--build", f"{name}-bf16", str(model)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    build_seconds = time.perf_counter() - start
+    parameters = json.loads(built.stdout.strip().splitlines()[-1])["parameters"]
+    folder = work / "folder"
+    command = [sys.executable, "export/to_onnx.py", str(model), "--task", "causal-lm"]
+    command += ["--quantize", "int4", "-o", f"{folder}/"]
+    command += ["--weights-dtype", "keep"] if name == "llama-1b" else []
+    code, seconds, peak, stderr = _run_measured(command)
+    report = json.loads((folder / "report.json").read_text()) if code == 0 else {}
+    gate = ((report.get("folder") or {}).get("quantized") or {}).get("int4") or {}
+    stored = 2 * parameters
+    row = {
+        "model": f"keras-hub LlamaCausalLM {parameters / 1e9:.1f}B, bfloat16",
+        "parameters": parameters,
+        "bf16_gb": round(stored / 1e9, 2),
+        "float32_gb": round(2 * stored / 1e9, 2),
+        "archive_gb": round(model.stat().st_size / 1e9, 2),
+        "build_seconds": round(build_seconds, 1),
+        "exit_code": code,
+        "passed": report.get("passed"),
+        "streamed": "streamed" in report,
+        "seconds": round(seconds, 1),
+        "seconds_per_bf16_gb": round(seconds / (stored / 1e9), 1),
+        "peak_rss_gb": round(peak / 1e9, 2),
+        "peak_over_bf16": round(peak / stored, 2),
+        "int4_folder_gb": round(gate.get("file_bytes", 0) / 1e9, 2),
+        "quantized": gate.get("quantized"),
+        "greedy_agreement": gate.get("greedy_agreement"),
+        "genai_agreement": gate.get("genai_agreement"),
+        "mean_abs_log_prob_change": gate.get("mean_abs_log_prob_change"),
+        "fused": (report.get("graph") or {}).get("fused"),
+        "stage_seconds": report.get("stage_seconds"),
+    }
+    if code != 0:
+        row["stderr_tail"] = stderr
+    subprocess.run(["rm", "-rf", str(folder), str(model)], check=True)
+    return row
+
+
+def print_streamed(report: dict) -> None:
+    print(
+        f"{'model':44} {'bf16 GB':>7} {'peak GB':>8} {'peak/bf16':>9} {'s':>7} {'int4 GB':>7}  ok"
+    )
+    for row in report.get("streamed", []):
+        print(
+            f"{row['model']:44} {row['bf16_gb']:7.2f} {row['peak_rss_gb']:8.2f} "
+            f"{row['peak_over_bf16']:9.2f} {row['seconds']:7.1f} {row['int4_folder_gb']:7.2f}"
+            f"  {row['passed']}"
+        )
+
+
 def print_table(report: dict) -> None:
+    if report.get("streamed"):
+        print_streamed(report)
     print(f"{'model':32} {'GB':>6} {'peak GB':>8} {'peak/params':>11} {'s':>7} {'s/GB':>6}  ok")
     for row in report["rows"]:
         print(
@@ -220,6 +338,12 @@ def main(argv=None):
         action="store_true",
         help="keep the rows of the saved JSON, replacing those of the models run",
     )
+    parser.add_argument("--work", default=None, help="the folder for the models (a big disk)")
+    parser.add_argument(
+        "--streamed",
+        default="",
+        help=f"comma-separated keras-hub Llamas in bfloat16 to export streamed: {list(STREAMED)}",
+    )
     parser.add_argument("--build", nargs=2, metavar=("NAME", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.build:
@@ -228,15 +352,22 @@ def main(argv=None):
     names = [str(float(size)) for size in args.sizes.split(",") if size]
     names += [] if args.no_keras_hub else ["llama-1b"]
     names += [] if args.no_tied else ["tied"]
+    streamed = [name for name in args.streamed.split(",") if name]
     report = results_io.run_header("big_model.py", quick=False) | {"shapes": SHAPES, "rows": []}
     if args.add:
-        report["rows"] = json.loads((results_io.RESULTS / "big_model.json").read_text())["rows"]
-    with tempfile.TemporaryDirectory(prefix="big_model_") as work:
+        saved = json.loads((results_io.RESULTS / "big_model.json").read_text())
+        report["rows"], report["streamed"] = saved["rows"], saved.get("streamed", [])
+    with tempfile.TemporaryDirectory(prefix="big_model_", dir=args.work) as work:
         for name in names:
             row = measure(name, Path(work))
             report["rows"] = [old for old in report["rows"] if old["model"] != row["model"]]
             report["rows"].append(row)
             print_table({"rows": [row]})
+        for name in streamed:
+            row = measure_streamed(name, Path(work))
+            kept = [old for old in report.get("streamed", []) if old["model"] != row["model"]]
+            report["streamed"] = [*kept, row]
+            print_streamed({"streamed": [row]})
     _over_fixed_cost(report["rows"])
     return results_io.save(report, "big_model", False, print_table, plot)
 

@@ -21,10 +21,9 @@ import pytest
 import zoo_tokenizers
 from onnx import numpy_helper
 
-from keras_layers.export import genai_folder, loading, memory, streamed_quantizing
+from keras_layers.export import export_model, genai_folder, loading, memory, streamed_quantizing
 from keras_layers.export.errors import UsageError
 from keras_layers.export.options import ExportOptions
-from keras_layers.export import export_model
 
 pytestmark = [
     pytest.mark.tensorflow_only,  # the export pipeline runs on TensorFlow
@@ -174,7 +173,7 @@ def test_the_memory_check_streams_when_float32_cannot_fit(bf16_llama, monkeypatc
         genai_folder.streams(bf16_llama, options)
     message = str(refused.value)
     assert f"{widened / 1e9:.2f} GB of weights" in message
-    assert f"streamed from its stored weights, exporting this model needs about" in message
+    assert "streamed from its stored weights, exporting this model needs about" in message
     assert f"{stored / 1e9:.2f} GB of weights" in message
 
 

@@ -250,7 +250,10 @@ def _add_conversion(p: argparse.ArgumentParser) -> None:
         choices=WEIGHTS_DTYPE_CHOICES,
         default="float32",
         help="store the matrix weights in float32 (default), float16, or the dtype of the "
-        "model's variables (keep: bfloat16 for a keras-hub preset); computed in float32",
+        "model's variables (keep: bfloat16 for a keras-hub preset); computed in float32. "
+        "keep with --task causal-lm --quantize int4 -o FOLDER/ streams the stored weights "
+        "into the int4 folder with no float32 copy (chosen by itself when float32 would not "
+        "fit in memory)",
     )
 
 
@@ -595,8 +598,15 @@ def _print_passed(report: dict, seconds: float, verbose: bool, console) -> None:
     """The checks' table, the files written and (verbose) the fusions declined."""
     from rich.markup import escape
 
-    from keras_layers.export.display import int8_summary, render_report
+    from keras_layers.export.display import int8_summary, render_report, render_streamed
 
+    if "streamed" in report:
+        render_streamed(report, console)
+        console.print(
+            f"[green]passed[/]: {escape(report['onnx_path'])}, the gate against Keras on the "
+            f"same weights passed ({seconds:.1f} s). Report: {escape(report['report_path'])}"
+        )
+        return
     render_report(report, console)
     written = report.get("report_path")
     console.print(
@@ -635,7 +645,7 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
     from rich.console import Console
     from rich.markup import escape
 
-    from keras_layers.export.display import render_report, render_tokenizer
+    from keras_layers.export.display import render_report, render_streamed, render_tokenizer
     from keras_layers.export.errors import ExportError, one_line
 
     console = Console(stderr=False, highlight=False)
@@ -652,6 +662,7 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
     except ExportError as error:
         if getattr(error, "report", None) and not args.quiet:
             render = render_tokenizer if "tokenizer" in error.report else render_report
+            render = render_streamed if "streamed" in error.report else render
             render(error.report, console)
         if args.verbose:
             traceback.print_exc()

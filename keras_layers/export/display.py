@@ -190,6 +190,31 @@ def render_report(report: dict, console: Console) -> None:
         )
 
 
+def render_streamed(report: dict, console: Console) -> None:
+    """The streamed int4 export (`genai_folder`): what was quantized and its
+    gate against Keras, on two lines.
+
+    Args:
+        report: the streamed export's report (`"streamed"` in it).
+        console: where to print.
+    """
+    streamed = report["streamed"]
+    console.print(
+        f"streamed from the stored {', '.join(streamed['stored_policies']) or 'float32'} "
+        f"weights ({streamed['weight_bytes'] / 1e9:.2f} GB): no float32 copy, no float "
+        f"decoder written; fused {report['graph']['fused'] or 'nothing'}"
+    )
+    for kind, gate in (report.get("folder") or {}).get("quantized", {}).items():
+        genai = gate.get("genai_agreement")
+        console.print(
+            f"{kind}: {gate['quantized']} products in MatMulNBits, {gate['file_bytes'] / 1e9:.2f} "
+            f"GB; greedy agreement {gate['greedy_agreement']:.3f}"
+            + ("" if genai is None else f" (genai {genai:.3f})")
+            + f", mean |log p change| {gate['mean_abs_log_prob_change']:.4f} nats/token"
+            + ("" if gate["passed"] else f": [red]FAIL[/] {escape(gate['failure'])}")
+        )
+
+
 def int8_summary(int8: dict) -> str:
     """One line on the int8 file: size and how well it agrees with Keras."""
     gates = "; ".join(
