@@ -345,6 +345,45 @@ def big_model_sweep_table(report: dict) -> str:
     return markdown_table(header, right, rows)
 
 
+def big_model_streamed_table(report: dict) -> str:
+    """The streamed int4 export of keras-hub Llamas saved in bfloat16: peak
+    memory against the bfloat16 and float32 bytes, time, the folder's size
+    and the gate's figures against Keras."""
+    rows = [
+        [
+            row["model"],
+            f"{row['bf16_gb']:.2f}",
+            f"{row['float32_gb']:.2f}",
+            f"{row['peak_rss_gb']:.2f}",
+            f"{row['peak_over_bf16']:.2f}",
+            f"{row['seconds']:.0f}",
+            f"{row['int4_folder_gb']:.2f}",
+            str(row["quantized"]),
+            _added(row, "greedy_agreement", 3),
+            _added(row, "genai_agreement", 3),
+            _added(row, "mean_abs_log_prob_change", 4),
+            {True: "passed", False: "failed"}.get(row["passed"], f"exit {row['exit_code']}"),
+        ]
+        for row in report.get("streamed", [])
+    ]
+    header = [
+        "model",
+        "bfloat16 GB",
+        "float32 GB",
+        "peak RSS GB",
+        "peak / bfloat16",
+        "export s",
+        "int4 folder GB",
+        "MatMulNBits",
+        "greedy agreement",
+        "genai agreement",
+        "mean abs log p change",
+        "gate",
+    ]
+    right = [False] + [True] * 10 + [False]
+    return markdown_table(header, right, rows)
+
+
 # --- generate.json ---------------------------------------------------------------
 
 
@@ -864,6 +903,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "scaling.by_vocabulary": scaling_by_vocabulary_table,
     "layers.peers": layers_peers_table,
     "big_model.sweep": big_model_sweep_table,
+    "big_model.streamed": big_model_streamed_table,
     "generate.speed": generate_speed_table,
     "real_models.latency": real_models_latency_table,
     "real_models.files": real_models_files_table,

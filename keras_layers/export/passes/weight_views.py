@@ -93,39 +93,48 @@ def _readers(graph) -> dict:
     return readers
 
 
-def _reader_of(graph, name: str):
-    """The one node reading `name` and the input it reads it at, or None."""
-    found = [
-        (node, position)
-        for node in graph.node
-        for position, value in enumerate(node.input)
-        if value == name
-    ]
-    return found[0] if len(found) == 1 else None
+class _Index:
+    """One pass's view of the graph: initializers, producers, and readers
+    (how many nodes read each name, subgraphs included, and the main graph's
+    (node, input position) of each)."""
+
+    def __init__(self, graph):
+        self.initializers = {init.name: init for init in graph.initializer}
+        self.producers = {output: node for node in graph.node for output in node.output}
+        self.counts = _readers(graph)
+        self.reads: dict[str, list] = {}
+        for node in graph.node:
+            for position, name in enumerate(node.input):
+                self.reads.setdefault(name, []).append((node, position))
+
+    def reader_of(self, name: str):
+        """The one node reading `name` and the input it reads it at, or None."""
+        found = self.reads.get(name, [])
+        return found[0] if len(found) == 1 and self.counts.get(name) == 1 else None
 
 
-def kept_cast(graph, node, initializers: dict, keep: int | None) -> bool:
+def kept_cast(index: _Index, node, keep: int | None) -> bool:
     """Whether `node` casts a weight stored in `keep` (an ONNX half type) to
     float32 on its way, through views only, to a matrix product or lookup:
     the `Cast` that stays (see the module docstring).
 
     Args:
-        graph: the graph.
-        node: a node of it.
-        initializers: its initializers by name.
+        index: the graph's `_Index`.
+        node: a node of the graph.
         keep: the half type kept, or None (every `Cast` of a weight folds).
 
     Returns:
         True where the cast stays.
     """
-    weight = initializers.get(node.input[0]) if node.input else None
+    weight = index.initializers.get(node.input[0]) if node.input else None
     if keep is None or node.op_type != "Cast" or weight is None or weight.data_type != keep:
         return False
     if attribute(node, "to", 0) != TensorProto.FLOAT:
         return False
-    value = node.output[0]
-    for _ in range(len(graph.node)):
-        reader = _reader_of(graph, value)
+    value, seen = node.output[0], set()
+    while value not in seen:
+        seen.add(value)
+        reader = index.reader_of(value)
         if reader is None:
             return False
         after, position = reader
@@ -137,37 +146,36 @@ def kept_cast(graph, node, initializers: dict, keep: int | None) -> bool:
     return False
 
 
-def _weight_of(node, initializers: dict, producers: dict, keep: int | None, graph):
+def _weight_of(index: _Index, node, keep: int | None):
     """The weight `node` views (its first input, or the weight behind a kept
     `Cast` that is its first input), and that Cast or None."""
     if not node.input:
         return None, None
-    weight = initializers.get(node.input[0])
+    weight = index.initializers.get(node.input[0])
     if weight is not None:
         return weight, None
-    cast = producers.get(node.input[0])
-    if cast is not None and node.op_type != "Cast" and kept_cast(graph, cast, initializers, keep):
-        return initializers[cast.input[0]], cast
+    cast = index.producers.get(node.input[0])
+    if cast is not None and node.op_type != "Cast" and kept_cast(index, cast, keep):
+        return index.initializers[cast.input[0]], cast
     return None, None
 
 
 def _fold_once(graph, folder, keep: int | None) -> int:
     """Fold each view read from a weight only it reads (through a kept
-    `Cast`, which then moves after it); returns how many."""
-    initializers = {init.name: init for init in graph.initializer}
-    producers = {output: node for node in graph.node for output in node.output}
-    readers = _readers(graph)
+    `Cast`, which then moves after it, so that the next view of a chain
+    folds in the same pass); returns how many."""
+    index = _Index(graph)
     outputs = {value.name for value in graph.output}
     renames, folded = {}, []
     for position, node in enumerate(graph.node):
-        if node.op_type not in _VIEWS or kept_cast(graph, node, initializers, keep):
+        if node.op_type not in _VIEWS or kept_cast(index, node, keep):
             continue
-        weight, cast = _weight_of(node, initializers, producers, keep, graph)
-        if weight is None or readers.get(weight.name) != 1 or node.output[0] in outputs:
+        weight, cast = _weight_of(index, node, keep)
+        if weight is None or index.counts.get(weight.name) != 1 or node.output[0] in outputs:
             continue
-        if cast is not None and readers.get(cast.output[0]) != 1:
+        if cast is not None and index.counts.get(cast.output[0]) != 1:
             continue
-        change = _folded(node, weight, initializers, folder)
+        change = _folded(node, weight, index.initializers, folder)
         if change is None:
             continue
         dims, array = change
@@ -180,9 +188,8 @@ def _fold_once(graph, folder, keep: int | None) -> int:
             renames[node.output[0]] = weight.name
         else:
             cast.output[0] = node.output[0]
+            index.producers[node.output[0]] = cast
         folded.append(position)
-        if cast is not None:
-            break  # the producers changed: look again
     for position in reversed(folded):
         del graph.node[position]
     rename_reads(graph, renames)
