@@ -254,6 +254,11 @@ def measure_streamed(name: str, work: Path) -> dict:
     command = [sys.executable, "export/to_onnx.py", str(model), "--task", "causal-lm"]
     command += ["--quantize", "int4", "-o", f"{folder}/"]
     command += ["--weights-dtype", "keep"] if name == "llama-1b" else []
+    # Random weights: near-flat distributions whose greedy tokens 4 bits flip
+    # (the float32 path's int4 flips the same ones: the same bytes). The gate
+    # is opened to measure the export; the table judges its figures against
+    # the default thresholds.
+    command += ["--decoder-min-agreement", "0", "--decoder-max-nll-change", "10"]
     code, seconds, peak, stderr = _run_measured(command)
     report = json.loads((folder / "report.json").read_text()) if code == 0 else {}
     gate = ((report.get("folder") or {}).get("quantized") or {}).get("int4") or {}

@@ -116,6 +116,31 @@ def test_the_streamed_folder_holds_the_float32_quantizers_weights_byte_for_byte(
     assert gate["quantized"] == oracle_gate["quantized"] == 15
 
 
+def test_a_tied_output_projection_is_quantized_as_the_float32_path_does(tmp_path):
+    """GPT-2 reads its embedding table twice: the lookup, and the output
+    projection through a `Transpose`. The streamed export quantizes that
+    projection from the transposed table, once, as `quantize_weights` does."""
+    keras.utils.set_random_seed(4)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=96,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=64,
+        intermediate_dim=128,
+        max_sequence_length=32,
+        dtype="bfloat16",
+    )
+    path = tmp_path / "gpt2.keras"
+    keras_hub.models.GPT2CausalLM(backbone, preprocessor=None).save(path)
+    found = []
+    for dtype in ("float32", "keep"):
+        options = ExportOptions(quantize="int4", weights_dtype=dtype, **OPEN_GATE)
+        genai_folder.export_folder(path, tmp_path / dtype, options)
+        found.append(_quantized_weights(tmp_path / dtype / "int4" / "model.onnx"))
+    assert sum(found[1].values()) == 7  # 6 projections, and the tied output
+    assert found[1] == found[0]
+
+
 def test_the_streamed_folder_is_what_genai_runs_and_nothing_else(both_folders):
     (_, float_folder), (report, folder) = both_folders
     assert sorted(p.name for p in folder.iterdir()) == ["int4", "report.json"]

@@ -46,7 +46,8 @@ tokenizer files. `export_folder` builds that folder as one transaction:
 
 import json
 import shutil
-from dataclasses import asdict, dataclass, replace
+import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -721,6 +722,7 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
     folder = check_folder(folder)
     options = _checked(options, folder)
     streamed = streams(lm, options)
+    started = time.perf_counter()
     loaded = loading.load(lm, imports=options.imports, unsafe=options.unsafe, stored=streamed)
     decoder = causal_lm.describe(loaded)
     preprocessor = getattr(loaded.model, "preprocessor", None)
@@ -741,6 +743,7 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
     searches = {shared: _search(loaded.model, context, shared) for shared in (True, False)}
     heads = query_heads(loaded.model, decoder)
     described = _Described(loaded, decoder, preprocessor, ids, context, searches, heads)
+    described.seconds["load_and_keras"] = time.perf_counter() - started
     with placement.staging_folder(folder) as staging:
         write = _write_streamed if streamed else _write_float
         report = write(described, staging, folder, options, (expected, keras))
@@ -767,6 +770,7 @@ class _Described:
     context: int
     searches: dict  # `_search`'s, by whether the cache buffer is shared
     heads: int  # `query_heads`
+    seconds: dict = field(default_factory=dict)  # the streamed export's stages
 
     def config(self, model_path: Path) -> dict:
         """`genai_config` for the decoder at `model_path` (its cache shared
@@ -813,10 +817,12 @@ def _write_streamed(described: _Described, staging: Path, folder: Path, options,
     inner = replace(options, report_path=None, quantize=None)
     proto, graph = pipeline.convert_loaded(loaded, staging, inner)
     loaded.release_model()  # Keras' weights go before the gate's ONNX Runtime session
+    started = time.perf_counter()
     summary = streamed_quantizing.quantize_streamed(proto, staging, staging / _QUANTIZED, kind)
     weights.save(proto, staging, sub / MODEL_FILE, sub / f"{MODEL_FILE}.data")
     for path in staging.glob("*.data"):
         path.unlink()  # the staging copies: the folder's data file holds what it reads
+    described.seconds["quantize"] = time.perf_counter() - started
     streamed = {"weight_bytes": loaded.param_bytes, "stored_policies": loaded.source_policies}
     report = {"passed": True, "task": "causal-lm", "streamed": streamed, **graph}
     if described.preprocessor is not None:
@@ -824,7 +830,11 @@ def _write_streamed(described: _Described, staging: Path, folder: Path, options,
     config = described.config(sub / MODEL_FILE)
     placement.write_json(config, sub / CONFIG_FILE)
     report["folder"] = {"config": config, "context_length": described.context}
+    started = time.perf_counter()
     gate = {**summary, **_judged(sub, options, *sides)}
+    described.seconds["gate"] = time.perf_counter() - started
+    seconds = {**described.seconds, **graph["stage_seconds"]}
+    report["stage_seconds"] = {name: round(value, 3) for name, value in seconds.items()}
     _gate_quantized(report, staging, folder, options, sides, gate)
     return report
 

@@ -18,35 +18,46 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from keras_layers.export.graph import attribute, body_reads, weights
+from keras_layers.export.graph import attribute, body_reads, perm, weights
 from keras_layers.export.quantizing import ACCURACY_LEVEL, BLOCK_SIZE, WEIGHT_BITS
 
 _HALF = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
 
-def _weight(node, initializers: dict, producers: dict):
-    """The initializer a MatMul or plain Gemm multiplies by (directly, or
-    through a `Cast` of a half-precision one to float32), or None."""
-    if node.op_type == "Gemm":
-        bias = len(node.input) == 3 and node.input[2]
-        plain = attribute(node, "alpha", 1.0) == 1.0 and (
-            not bias or attribute(node, "beta", 1.0) == 1.0
-        )
-        if not plain or attribute(node, "transA", 0):
-            return None
-    elif node.op_type != "MatMul":
-        return None
-    name = node.input[1]
-    cast = producers.get(name)
-    if cast is not None and cast.op_type == "Cast" and cast.input[0] in initializers:
-        if attribute(cast, "to", 0) == TensorProto.FLOAT:
-            name = cast.input[0]
+def _plain(node) -> bool:
+    """A MatMul, or a Gemm that is one (no scaling, no transposed input A)."""
+    if node.op_type == "MatMul":
+        return True
+    if node.op_type != "Gemm" or attribute(node, "transA", 0):
+        return False
+    bias = len(node.input) == 3 and node.input[2]
+    return attribute(node, "alpha", 1.0) == 1.0 and (
+        not bias or attribute(node, "beta", 1.0) == 1.0
+    )
+
+
+def _weight(node, initializers: dict, producers: dict) -> tuple:
+    """`(initializer, transposed)`: the matrix a MatMul or plain Gemm
+    multiplies by, directly or through a `Cast` of a half-precision one to
+    float32, and whether the product reads it transposed (a Gemm's `transB`,
+    a tied output projection's `Transpose`); `(None, False)` for any other."""
+    if not _plain(node):
+        return None, False
+    name, transposed = node.input[1], bool(attribute(node, "transB", 0))
+    producer = producers.get(name)
+    if producer is not None and producer.op_type == "Transpose" and node.op_type == "MatMul":
+        if perm(producer) in (None, [1, 0]):
+            name, transposed = producer.input[0], True
+            producer = producers.get(name)
+    if producer is not None and producer.op_type == "Cast" and producer.input[0] in initializers:
+        if attribute(producer, "to", 0) == TensorProto.FLOAT:
+            name = producer.input[0]
     tensor = initializers.get(name)
     if tensor is None or len(tensor.dims) != 2:
-        return None
+        return None, False
     if tensor.data_type != TensorProto.FLOAT and tensor.data_type not in _HALF:
-        return None
-    return tensor
+        return None, False
+    return tensor, transposed
 
 
 def _quantizer(kind: str):
@@ -64,27 +75,42 @@ def _quantizer(kind: str):
     return DefaultWeightOnlyQuantizer(config)
 
 
-def _quantized(quantizer, node, tensor, folder: Path, data) -> tuple[list, list]:
-    """The nodes replacing `node` and their new initializers (appended to
-    `data`): ONNX Runtime's quantizer run on a graph of this one weight."""
+def _quantized(quantizer, matmul, tensor, transposed: bool, folder: Path, data):
+    """`matmul` as ONNX Runtime's quantizer makes it of `tensor` alone (its
+    values widened to float32, transposed with `transposed`, named as
+    `matmul` reads it), and the new initializers, their values appended to
+    `data`."""
     matrix = np.asarray(weights.values(tensor, folder), dtype=np.float32)
-    name = tensor.name
-    if node.op_type == "Gemm" and attribute(node, "transB", 0):
-        matrix, name = np.ascontiguousarray(matrix.T), f"{name}_kn"
-    alone = helper.make_graph([], "weight", [], [], [numpy_helper.from_array(matrix, name)])
+    if transposed:
+        matrix = np.ascontiguousarray(matrix.T)
+    alone = helper.make_graph(
+        [], "weight", [], [], [numpy_helper.from_array(matrix, matmul.input[1])]
+    )
     del matrix
-    bias = node.op_type == "Gemm" and len(node.input) == 3 and node.input[2]
-    product = f"{node.output[0]}_mm" if bias else node.output[0]
-    matmul = helper.make_node("MatMul", [node.input[0], name], [product], name=node.name)
     made = list(_quantizer_call(quantizer, matmul, alone))
-    if bias:
-        made.append(helper.make_node("Add", [product, node.input[2]], list(node.output)))
-    new = [init for init in alone.initializer if init.name != name]
-    for init in new:
-        array = numpy_helper.to_array(init)
-        init.ClearField("raw_data")
-        weights.store(init, array, data)
+    new = []
+    for made_init in alone.initializer:
+        if made_init.name == matmul.input[1]:
+            continue
+        # A tensor of its own: one still inside `alone` would keep the whole
+        # graph, the float32 weight with it, alive as long as it is.
+        init = TensorProto()
+        init.name, init.data_type = made_init.name, made_init.data_type
+        init.dims.extend(made_init.dims)
+        weights.store(init, numpy_helper.to_array(made_init), data)
+        new.append(init)
+    del alone
     return made, new
+
+
+def _reading(template, matmul):
+    """A copy of the quantized product `template` for the product `matmul`
+    (its input and output), reading the same quantized weight."""
+    node = type(template)()
+    node.CopyFrom(template)
+    node.input[0], node.output[0] = matmul.input[0], matmul.output[0]
+    node.name = f"{matmul.name}_shared" if matmul.name else ""
+    return node
 
 
 def _quantizer_call(quantizer, matmul, graph) -> list:
@@ -116,16 +142,26 @@ def quantize_streamed(proto, folder: Path, data_path: Path, kind: str) -> dict:
     initializers = {init.name: init for init in graph.initializer}
     producers = {output: node for node in graph.node for output in node.output}
     quantizer = _quantizer(kind)
-    nodes, added, count = [], [], 0
+    nodes, added, count, done = [], [], 0, {}
     with open(data_path, "wb") as data:
         for node in graph.node:
-            tensor = _weight(node, initializers, producers)
+            tensor, transposed = _weight(node, initializers, producers)
             if tensor is None:
                 nodes.append(node)
                 continue
-            made, new = _quantized(quantizer, node, tensor, folder, data)
+            bias = node.op_type == "Gemm" and len(node.input) == 3 and node.input[2]
+            product = f"{node.output[0]}_mm" if bias else node.output[0]
+            name = f"{tensor.name}_kn" if transposed else tensor.name
+            matmul = helper.make_node("MatMul", [node.input[0], name], [product], name=node.name)
+            if name in done:  # a weight read twice is quantized once
+                made = [_reading(done[name], matmul)]
+            else:
+                made, new = _quantized(quantizer, matmul, tensor, transposed, folder, data)
+                done[name] = made[0]
+                added.extend(new)
             nodes.extend(made)
-            added.extend(new)
+            if bias:
+                nodes.append(helper.make_node("Add", [product, node.input[2]], list(node.output)))
             count += 1
     del graph.node[:]
     graph.node.extend(nodes)
