@@ -950,15 +950,30 @@ def unique_variables(model) -> list:
 
 
 def variable_bytes(variable, stored: bool = True) -> int:
-    """A variable's size as exported: float32, or with `stored` its own
-    dtype's where that is half precision (kept by `load(stored=True)`)."""
+    """A variable's size as exported.
+
+    Args:
+        variable: a Keras variable.
+        stored: count a half-precision variable at its own 2 bytes (as
+            `load(stored=True)` keeps it), not widened to float32.
+
+    Returns:
+        Its bytes.
+    """
     size = 2 if stored and str(variable.dtype) in _PURE_HALF else 4
     return size * int(np.prod(variable.shape, dtype=np.int64))
 
 
 def param_bytes(model, stored: bool = True) -> int:
-    """The model's weights as exported (`variable_bytes`), each shared
-    variable counted once."""
+    """The model's weights as exported, each shared variable counted once.
+
+    Args:
+        model: a Keras model.
+        stored: as `variable_bytes` takes it.
+
+    Returns:
+        The bytes.
+    """
     return sum(variable_bytes(variable, stored) for variable in unique_variables(model))
 
 

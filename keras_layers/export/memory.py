@@ -311,9 +311,16 @@ def check_fits(weight_bytes: int, streamed: bool = False) -> None:
 
 
 def archive_weight_bytes(path: Path, stored: bool = False) -> int:
-    """The weights a `.keras` archive declares (`loading.declared_weight_bytes`,
-    half precision kept with `stored`), or, where its weights file cannot be
-    read, the sizes its zip directory gives."""
+    """The weights a `.keras` archive declares (`loading.declared_weight_bytes`),
+    or, where its weights file cannot be read, the sizes its zip directory gives.
+
+    Args:
+        path: the archive.
+        stored: count half-precision weights at their own 2 bytes.
+
+    Returns:
+        The bytes.
+    """
     declared = declared_weight_bytes(path, stored)
     if declared is not None:
         return declared
@@ -322,8 +329,15 @@ def archive_weight_bytes(path: Path, stored: bool = False) -> int:
 
 
 def estimated_param_bytes(model, stored: bool = False) -> int:
-    """The weights' bytes of a model in memory or of a `.keras` path: in
-    float32, or with `stored` half-precision weights at their own 2 bytes.
+    """The weights' bytes of a model in memory or of a `.keras` path.
+
+    Args:
+        model: the model, or its path.
+        stored: count half-precision weights at their own 2 bytes, not
+            widened to float32.
+
+    Returns:
+        The bytes (0 where loading will refuse it and say why).
 
     Raises:
         ModelLoadError: the archive's weights file is refused (a size bomb, a
