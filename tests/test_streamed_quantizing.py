@@ -24,6 +24,7 @@ from onnx import numpy_helper
 from keras_layers.export import export_model, genai_folder, loading, memory, streamed_quantizing
 from keras_layers.export.errors import UsageError
 from keras_layers.export.options import ExportOptions
+from keras_layers.export.passes import weight_views
 
 pytestmark = [
     pytest.mark.tensorflow_only,  # the export pipeline runs on TensorFlow
@@ -200,6 +201,35 @@ def test_the_memory_check_streams_when_float32_cannot_fit(bf16_llama, monkeypatc
     assert f"{widened / 1e9:.2f} GB of weights" in message
     assert "streamed from its stored weights, exporting this model needs about" in message
     assert f"{stored / 1e9:.2f} GB of weights" in message
+
+
+def test_the_streamed_export_chosen_by_memory_never_widens_a_matrix(
+    bf16_llama, both_folders, tmp_path, monkeypatch
+):
+    """Chosen by the memory check (weights_dtype left at float32), the export
+    still keeps every matrix in bfloat16: no 2-D float32 values are written to
+    the data file, and the quantized weights are the float32 path's."""
+    stored = memory.estimated_param_bytes(bf16_llama, stored=True)
+    widened = memory.estimated_param_bytes(bf16_llama)
+    float_need = memory.BASELINE_BYTES + memory.PEAK_PER_PARAM_BYTE * widened
+    stream_need = memory.BASELINE_BYTES + memory.STREAMED_PEAK_PER_STORED_BYTE * stored
+    between = memory.Limit("a test limit", int((float_need + stream_need) / 2))
+    monkeypatch.setattr(memory, "limits", lambda: [between])
+    written = []
+    replace = weight_views.weights.replace
+
+    def spy(tensor, array, folder):
+        written.append((array.dtype, array.ndim))
+        return replace(tensor, array, folder)
+
+    monkeypatch.setattr(weight_views.weights, "replace", spy)
+    report = genai_folder.export_folder(
+        bf16_llama, tmp_path / "auto", ExportOptions(quantize="int4", **OPEN_GATE)
+    )
+    assert "streamed" in report
+    assert written and (np.dtype("float32"), 2) not in written
+    ours = _quantized_weights(tmp_path / "auto" / "int4" / "model.onnx")
+    assert ours == _quantized_weights(both_folders[0][1] / "int4" / "model.onnx")
 
 
 def test_keep_with_quantize_is_refused_for_a_file(bf16_llama, tmp_path):

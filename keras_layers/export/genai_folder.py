@@ -814,7 +814,9 @@ def _write_streamed(described: _Described, staging: Path, folder: Path, options,
     kind, loaded = options.quantize, described.loaded
     sub = staging / kind
     sub.mkdir()
-    inner = replace(options, report_path=None, quantize=None)
+    # `keep`, whatever was asked: the weights stay in their stored dtype (a
+    # float32 copy in the data file is what this export never makes).
+    inner = replace(options, report_path=None, quantize=None, weights_dtype="keep")
     proto, graph = pipeline.convert_loaded(loaded, staging, inner)
     loaded.release_model()  # Keras' weights go before the gate's ONNX Runtime session
     started = time.perf_counter()

@@ -283,8 +283,17 @@ def _save_one_file(proto, folder: Path | None, path: Path) -> None:
         graph.initializer.extend(kept)
 
 
-def _byte_count(tensor) -> int:
-    count = int(np.prod(tensor.dims, dtype=np.int64))
+def byte_count(tensor) -> int:
+    """The size of a TensorProto's values, from its type and shape (wherever
+    they are).
+
+    Args:
+        tensor: a TensorProto.
+
+    Returns:
+        The bytes.
+    """
+    count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
     return count * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
 
 
@@ -298,7 +307,7 @@ def _save_with_data(proto, folder: Path | None, path: Path, data_path: Path) -> 
     written = False
     with open(data_path, "wb") as data:
         for tensor in proto.graph.initializer:
-            if _byte_count(tensor) < EXTERNAL_MIN_BYTES:
+            if byte_count(tensor) < EXTERNAL_MIN_BYTES:
                 if is_external(tensor):
                     tensor.CopyFrom(_inlined(tensor, folder))
                 continue

@@ -10,8 +10,7 @@ import re
 from collections import ChainMap, Counter, defaultdict
 from collections.abc import Mapping
 
-import numpy as np
-from onnx import AttributeProto, TensorProto, helper
+from onnx import AttributeProto, TensorProto
 
 from keras_layers.export.graph import (
     free_names,
@@ -21,12 +20,6 @@ from keras_layers.export.graph import (
     weights,
 )
 from keras_layers.export.passes.context import Context, PassResult
-
-
-def tensor_bytes(tensor) -> int:
-    """The size of a TensorProto's values, from its type and shape."""
-    count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
-    return count * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
 
 
 class _Names:
@@ -400,6 +393,6 @@ def run(proto, context: Context) -> PassResult:
         it (the report's `initializer_bytes`: weights keep their Keras paths
         until then).
     """
-    sizes = {init.name: tensor_bytes(init) for init in proto.graph.initializer}
+    sizes = {init.name: weights.byte_count(init) for init in proto.graph.initializer}
     canonicalize(proto, name=context.model_name, folder=context.data_folder)
     return PassResult(proto, report={"initializer_bytes": sizes})

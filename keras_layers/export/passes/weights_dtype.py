@@ -76,7 +76,7 @@ def _stored_in_half(tensor, readers: list) -> bool:
     `_READERS` read, each at its weight input."""
     if tensor.data_type != TensorProto.FLOAT or not readers:
         return False
-    if int(np.prod(tensor.dims, dtype=np.int64)) * 4 < weights.EXTERNAL_MIN_BYTES:
+    if weights.byte_count(tensor) < weights.EXTERNAL_MIN_BYTES:
         return False
     return all(_READERS.get(node.op_type) == position for node, position in readers)
 
