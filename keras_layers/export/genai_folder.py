@@ -38,6 +38,15 @@ tokenizer files. `export_folder` builds that folder as one transaction:
    tokenizer files, judged by `decoder_gate` (greedy agreement and the
    log-likelihood change of a held-out text, against Keras); a failed gate
    fails the export and keeps the refused folder as `FOLDER.int4.failed`;
+A causal LM stored in bfloat16 or float16 whose float32 export would not fit
+in memory (or any, with `weights_dtype="keep"` and `quantize`) takes the
+streamed path instead of 2-6 (`_write_streamed`): held in its stored
+precision (`loading.load(stored=True)`), traced and converted with no float
+check, quantized one weight at a time (`streamed_quantizing`) into
+`FOLDER/int4/` with the tokenizer files and the config, and judged by the
+gate of 6 alone: no float32 copy of the weights is made, and no float decoder
+is written.
+
 7. place: only when everything passed are the files moved into FOLDER, each
    by an atomic rename under the export's lock (data files first, the config
    last); other files in FOLDER are left alone. On any failure FOLDER is as
@@ -692,14 +701,18 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
             out, or None for ids), or the path of a `.keras` file holding one.
         folder: the folder to write (created if missing; other files in it
             are left alone).
-        options: the export's `ExportOptions` (tolerances, opset, ...);
-            `report_path`, `quantize` and `external_data="always"` are refused.
+        options: the export's `ExportOptions` (tolerances, opset, `quantize`,
+            ...); `report_path` and `external_data="always"` are refused.
+            With `quantize`, `weights_dtype="keep"` (or a float32 export
+            that would not fit in memory) makes it the streamed export:
+            only `FOLDER/<kind>/` is written (`streams`).
         prompts: the text prompts of the genai check.
 
     Returns:
         The report (also `FOLDER/report.json`): the decoder's export report,
         with `tokenizer` (the tokenizer gate's) and `folder` (the config and
-        `prove_folder`'s result).
+        `prove_folder`'s result); a streamed export's has `streamed`, the
+        graph's figures and the gate's, and no float checks.
 
     Raises:
         UsageError: not a causal LM, an option refused, or a tokenizer that
