@@ -87,6 +87,16 @@ def _quantized_weights(path) -> collections.Counter:
     return found
 
 
+def _needs(path) -> tuple:
+    """(stored bytes, float32 bytes, the float32 export's estimate, the
+    streamed export's), from `memory`'s figures, computed here."""
+    stored = memory.estimated_param_bytes(path, stored=True)
+    widened = memory.estimated_param_bytes(path)
+    float_need = memory.BASELINE_BYTES + memory.PEAK_PER_PARAM_BYTE * widened
+    stream_need = memory.BASELINE_BYTES + memory.STREAMED_PEAK_PER_STORED_BYTE * stored
+    return stored, widened, float_need, stream_need
+
+
 def test_stored_precision_holds_half_weights_and_computes_as_the_widened_model(bf16_llama):
     widened = loading.load(bf16_llama)
     stored = loading.load(bf16_llama, stored=True)
@@ -181,10 +191,7 @@ def test_a_changed_block_size_fails_the_byte_comparison(
 def test_the_memory_check_streams_when_float32_cannot_fit(bf16_llama, monkeypatch):
     """float32 needs 2x the stored bytes: a limit between the two estimates
     chooses streaming; one under both refuses with both figures."""
-    stored = memory.estimated_param_bytes(bf16_llama, stored=True)
-    widened = memory.estimated_param_bytes(bf16_llama)
-    float_need = memory.BASELINE_BYTES + memory.PEAK_PER_PARAM_BYTE * widened
-    stream_need = memory.BASELINE_BYTES + memory.STREAMED_PEAK_PER_STORED_BYTE * stored
+    stored, widened, float_need, stream_need = _needs(bf16_llama)
     assert stream_need < float_need
     options = ExportOptions(quantize="int4")
     between = memory.Limit("a test limit", int((float_need + stream_need) / 2))
@@ -209,10 +216,7 @@ def test_the_streamed_export_chosen_by_memory_never_widens_a_matrix(
     """Chosen by the memory check (weights_dtype left at float32), the export
     still keeps every matrix in bfloat16: no 2-D float32 values are written to
     the data file, and the quantized weights are the float32 path's."""
-    stored = memory.estimated_param_bytes(bf16_llama, stored=True)
-    widened = memory.estimated_param_bytes(bf16_llama)
-    float_need = memory.BASELINE_BYTES + memory.PEAK_PER_PARAM_BYTE * widened
-    stream_need = memory.BASELINE_BYTES + memory.STREAMED_PEAK_PER_STORED_BYTE * stored
+    _, _, float_need, stream_need = _needs(bf16_llama)
     between = memory.Limit("a test limit", int((float_need + stream_need) / 2))
     monkeypatch.setattr(memory, "limits", lambda: [between])
     written = []
