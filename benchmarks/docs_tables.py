@@ -303,8 +303,12 @@ def _fused_cell(fused: dict | None) -> str:
 
 
 def _added(row: dict, key: str, digits: int) -> str:
+    """`row[key]` with `digits` decimals, in two significant figures where
+    those decimals would show only zeros; empty when absent."""
     value = row.get(key)
-    return "" if value is None else f"{value:.{digits}f}"
+    if value is None:
+        return ""
+    return f"{value:.1e}" if 0 < abs(value) < 10**-digits else f"{value:.{digits}f}"
 
 
 def big_model_sweep_table(report: dict) -> str:
@@ -347,9 +351,12 @@ def big_model_sweep_table(report: dict) -> str:
 
 def _default_gate(row: dict) -> str:
     """What the decoder gate's default thresholds (`ExportOptions`: agreement
-    0.5, 0.25 nats) say of a streamed row, whose run opened the gate."""
+    0.5, 0.25 nats) say of a streamed row: the run's own verdict, or, when the
+    run opened the gate, the figures judged against them."""
     if row["exit_code"] != 0:
         return f"exit {row['exit_code']}"
+    if not row["gate_opened"]:
+        return "passed (the run's own gate)"
     failed = []
     if row["greedy_agreement"] < 0.5:
         failed.append("agreement < 0.5")
@@ -365,6 +372,8 @@ def big_model_streamed_table(report: dict) -> str:
     rows = [
         [
             row["model"],
+            row["weights"],
+            str(row["accuracy_level"]),
             f"{row['bf16_gb']:.2f}",
             f"{row['float32_gb']:.2f}",
             f"{row['peak_rss_gb']:.2f}",
@@ -381,6 +390,8 @@ def big_model_streamed_table(report: dict) -> str:
     ]
     header = [
         "model",
+        "weights",
+        "accuracy level",
         "bfloat16 GB",
         "float32 GB",
         "peak RSS GB",
@@ -391,9 +402,9 @@ def big_model_streamed_table(report: dict) -> str:
         "greedy agreement",
         "genai agreement",
         "mean abs log p change",
-        "default gate (the run opens it)",
+        "default gate",
     ]
-    right = [False] + [True] * 10 + [False]
+    right = [False, False] + [True] * 11 + [False]
     return markdown_table(header, right, rows)
 
 

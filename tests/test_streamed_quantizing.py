@@ -21,8 +21,9 @@ import pytest
 import zoo_tokenizers
 from onnx import numpy_helper
 
+from benchmarks import int4_grid
 from keras_layers.export import export_model, genai_folder, loading, memory, streamed_quantizing
-from keras_layers.export.errors import UsageError
+from keras_layers.export.errors import UsageError, ValidationFailed
 from keras_layers.export.options import ExportOptions
 from keras_layers.export.passes import weight_views
 
@@ -36,20 +37,26 @@ pytestmark = [
 OPEN_GATE = {"decoder_min_agreement": 0.0, "decoder_max_nll_change": 10.0}
 
 
+def _bf16_llama3(vocabulary: int, hidden_dim: int):
+    """A keras-hub Llama 3 backbone in bfloat16: 2 layers, 4 query and 2
+    key/value heads, the intermediate width twice `hidden_dim`."""
+    return keras_hub.models.Llama3Backbone(
+        vocabulary_size=vocabulary,
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=hidden_dim,
+        intermediate_dim=2 * hidden_dim,
+        dtype="bfloat16",
+    )
+
+
 @pytest.fixture(scope="module")
 def bf16_llama(tmp_path_factory):
     """The path of a tiny keras-hub Llama 3 causal LM saved in bfloat16."""
     keras.utils.set_random_seed(3)
     tokenizer = zoo_tokenizers.build("Llama3Tokenizer")
-    backbone = keras_hub.models.Llama3Backbone(
-        vocabulary_size=tokenizer.vocabulary_size(),
-        num_layers=2,
-        num_query_heads=4,
-        num_key_value_heads=2,
-        hidden_dim=64,
-        intermediate_dim=128,
-        dtype="bfloat16",
-    )
+    backbone = _bf16_llama3(tokenizer.vocabulary_size(), hidden_dim=64)
     preprocessor = keras_hub.models.Llama3CausalLMPreprocessor(tokenizer, sequence_length=32)
     lm = keras_hub.models.Llama3CausalLM(backbone, preprocessor=preprocessor)
     path = tmp_path_factory.mktemp("bf16") / "llama3.keras"
@@ -188,6 +195,50 @@ def test_a_changed_block_size_fails_the_byte_comparison(
     assert sizes == {64}
 
 
+@pytest.fixture(scope="module")
+def grid_llama(tmp_path_factory):
+    """A tiny keras-hub Llama 3 in bfloat16 whose matrices 4 bits hold
+    exactly (`benchmarks/int4_grid.py`), with block scales that differ."""
+    backbone = _bf16_llama3(256, hidden_dim=128)
+    int4_grid.redraw(backbone, np.random.default_rng(5))
+    path = tmp_path_factory.mktemp("grid") / "llama3.keras"
+    keras_hub.models.Llama3CausalLM(backbone, preprocessor=None).save(path)
+    return path
+
+
+def _streamed_on_grid(path, folder) -> dict:
+    """The int4 gate's figures of `path` streamed at accuracy level 1, the
+    gate at its defaults; and every MatMulNBits' accuracy level."""
+    options = ExportOptions(quantize="int4", weights_dtype="keep", decoder_accuracy_level=1)
+    report = genai_folder.export_folder(path, folder, options)
+    proto = onnx.load(folder / "int4" / "model.onnx", load_external_data=False)
+    levels = [a.i for n in proto.graph.node for a in n.attribute if a.name == "accuracy_level"]
+    return {**report["folder"]["quantized"]["int4"], "levels": levels}
+
+
+def test_weights_on_the_int4_grid_come_out_of_the_streamed_folder_as_keras_computes(
+    grid_llama, tmp_path
+):
+    """4 bits lose nothing of these weights, and level 1 computes in float32:
+    the folder's greedy tokens are Keras' and its log-probabilities Keras' up
+    to float rounding. A block, scale or layout the quantizer got wrong
+    would move them as far as a random model's 4 bits do (0.07 nats)."""
+    gate = _streamed_on_grid(grid_llama, tmp_path / "grid")
+    assert gate["levels"] == [1] * 15 and gate["accuracy_level"] == 1
+    assert gate["quantized"] == 15
+    assert gate["greedy_agreement"] == 1.0
+    assert gate["mean_abs_log_prob_change"] < 1e-5
+
+
+def test_blocks_of_64_lose_the_grid_weights(grid_llama, tmp_path, monkeypatch):
+    """Prove the proof: blocks of 64 join two blocks of different scales;
+    the tokens part from Keras' and even the default gate refuses the folder."""
+    monkeypatch.setattr(streamed_quantizing, "BLOCK_SIZE", 64)
+    with pytest.raises(ValidationFailed, match="the int4 decoder fails its gate: greedy"):
+        _streamed_on_grid(grid_llama, tmp_path / "b64")
+    assert not (tmp_path / "b64").exists()
+
+
 def test_the_memory_check_streams_when_float32_cannot_fit(bf16_llama, monkeypatch):
     """float32 needs 2x the stored bytes: a limit between the two estimates
     chooses streaming; one under both refuses with both figures."""
@@ -242,3 +293,14 @@ def test_keep_with_quantize_is_refused_for_a_file(bf16_llama, tmp_path):
         export_model(bf16_llama, tmp_path / "out.onnx", options)
     with pytest.raises(UsageError, match="weights_dtype='float16'"):
         ExportOptions(quantize="int4", weights_dtype="float16")
+
+
+def test_an_accuracy_level_is_refused_where_no_matmulnbits_is_written(bf16_llama, tmp_path):
+    with pytest.raises(UsageError, match="only with quantize"):
+        ExportOptions(decoder_accuracy_level=1)
+    with pytest.raises(UsageError, match="give one of 1, 4"):
+        ExportOptions(quantize="int4", decoder_accuracy_level=2)
+    options = ExportOptions(quantize="int8", decoder_accuracy_level=1)
+    with pytest.raises(UsageError, match="quantized dynamically"):
+        export_model(bf16_llama, tmp_path / "out.onnx", options)
+    assert not list(tmp_path.iterdir())

@@ -39,6 +39,7 @@ FLAGS = {
     "int8_min_top1": "--int8-min-top1",
     "decoder_min_agreement": "--decoder-min-agreement",
     "decoder_max_nll_change": "--decoder-max-nll-change",
+    "decoder_accuracy_level": "--decoder-accuracy-level",
     "allow_nonfinite": "--allow-nonfinite",
     "input_roles": "--input",
     "task": "--task",
@@ -260,7 +261,7 @@ def _add_conversion(p: argparse.ArgumentParser) -> None:
 def _add_quantization(p: argparse.ArgumentParser) -> None:
     """--quantize and the gates of the quantized files."""
     from keras_layers.export.decoder_gate import MAX_NLL_CHANGE, MIN_AGREEMENT
-    from keras_layers.export.options import QUANTIZE_CHOICES
+    from keras_layers.export.options import ACCURACY_LEVEL, ACCURACY_LEVELS, QUANTIZE_CHOICES
     from keras_layers.export.validating import INT8_MIN_TOKENS, INT8_MIN_TOP1
 
     p.add_argument(
@@ -293,6 +294,15 @@ def _add_quantization(p: argparse.ArgumentParser) -> None:
         metavar="NATS",
         help="a quantized decoder's gate: largest mean |log-probability change| of a "
         f"held-out text's tokens (default {MAX_NLL_CHANGE:g})",
+    )
+    p.add_argument(
+        "--decoder-accuracy-level",
+        type=int,
+        choices=ACCURACY_LEVELS,
+        default=ACCURACY_LEVEL,
+        help="how a quantized decoder's MatMulNBits compute: 4, activations quantized to int8 "
+        "(the fastest; the model builder's CPU setting), or 1, float32 from the dequantized "
+        f"weights (default {ACCURACY_LEVEL})",
     )
 
 

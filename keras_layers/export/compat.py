@@ -114,6 +114,12 @@ INTERNALS = (
     ),
     Internal(
         "keras.src.backend.tensorflow.core",
+        "Variable.assign",
+        _KERAS,
+        "lean_loading._assign_creates: a deferred variable is made over its stored value's buffer",
+    ),
+    Internal(
+        "keras.src.backend.tensorflow.core",
         "Variable._direct_assign",
         _KERAS,
         "lean_loading._assign_creates: a deferred variable is created from its stored value",
@@ -166,6 +172,7 @@ INTERNALS = (
     Internal(_SAVING, "_load_state", _KERAS, _LEAN, swapped=False),
     Internal(_SAVING, "_raise_loading_failure", _KERAS, _LEAN, swapped=False),
     Internal(_SAVING, "H5IOStore", _KERAS, _LEAN, swapped=False),
+    Internal(_SAVING, "safe_get_h5_dataset", _KERAS, _LEAN, swapped=False),
     Internal(
         "keras.src.backend.tensorflow.core",
         "Variable._initialize",

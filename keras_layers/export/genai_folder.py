@@ -74,7 +74,7 @@ from keras_layers.export import (
 )
 from keras_layers.export.errors import OutputError, UsageError, ValidationFailed, argument
 from keras_layers.export.graph import weights
-from keras_layers.export.options import ExportOptions
+from keras_layers.export.options import ACCURACY_LEVEL, ExportOptions
 from keras_layers.export.pipeline import checked_options, export_model
 from keras_layers.export.tokenizer_files.gate import check_folder, export_tokenizer
 
@@ -585,7 +585,9 @@ def _quantized(kind: str, staging: Path, options, expected: list, keras) -> dict
     config and tokenizer files, judged by `decoder_gate` (`_judged`)."""
     sub = staging / kind
     sub.mkdir()
-    summary = quantizing.quantize_weights(staging / MODEL_FILE, sub / MODEL_FILE, kind)
+    summary = quantizing.quantize_weights(
+        staging / MODEL_FILE, sub / MODEL_FILE, kind, options.decoder_accuracy_level
+    )
     for path in staging.iterdir():
         if path.is_file() and path.suffix == ".json" and path.name != REPORT_FILE:
             shutil.copy2(path, sub / path.name)
@@ -796,7 +798,7 @@ def _write_float(described: _Described, staging: Path, folder: Path, options, si
     """The float32 decoder exported and checked (`export_model`), the
     tokenizer files, the config, the folder proved; then, with `quantize`,
     `staging/<kind>/` quantized from it and gated."""
-    inner = replace(options, report_path=staging / REPORT_FILE, quantize=None)
+    inner = _unquantized(options, report_path=staging / REPORT_FILE)
     loaded = described.loaded
     report = export_model(loaded.model, staging / MODEL_FILE, inner, task="causal-lm")
     if described.preprocessor is not None:
@@ -817,6 +819,12 @@ def _write_float(described: _Described, staging: Path, folder: Path, options, si
     return report
 
 
+def _unquantized(options, **changes):
+    """`options` for the float decoder's conversion: no quantization, and
+    so no accuracy level of one, with `changes`."""
+    return replace(options, quantize=None, decoder_accuracy_level=ACCURACY_LEVEL, **changes)
+
+
 def _write_streamed(described: _Described, staging: Path, folder: Path, options, sides) -> dict:
     """The streamed export: the decoder traced from the model holding its
     stored half-precision weights, its matrix products quantized one weight
@@ -829,11 +837,13 @@ def _write_streamed(described: _Described, staging: Path, folder: Path, options,
     sub.mkdir()
     # `keep`, whatever was asked: the weights stay in their stored dtype (a
     # float32 copy in the data file is what this export never makes).
-    inner = replace(options, report_path=None, quantize=None, weights_dtype="keep")
+    inner = _unquantized(options, report_path=None, weights_dtype="keep")
     proto, graph = pipeline.convert_loaded(loaded, staging, inner)
     loaded.release_model()  # Keras' weights go before the gate's ONNX Runtime session
     started = time.perf_counter()
-    summary = streamed_quantizing.quantize_streamed(proto, staging, staging / _QUANTIZED, kind)
+    summary = streamed_quantizing.quantize_streamed(
+        proto, staging, staging / _QUANTIZED, kind, options.decoder_accuracy_level
+    )
     weights.save(proto, staging, sub / MODEL_FILE, sub / f"{MODEL_FILE}.data")
     for path in staging.glob("*.data"):
         path.unlink()  # the staging copies: the folder's data file holds what it reads

@@ -22,6 +22,9 @@ from keras_layers.export.inputs import InputRole, parse_override
 EXTERNAL_DATA_CHOICES = ("auto", "always", "never")
 QUANTIZE_CHOICES = ("int8", "int4")
 WEIGHTS_DTYPE_CHOICES = ("float32", "float16", "keep")
+# `MatMulNBits`' accuracy levels a quantized decoder may take (`quantizing`).
+ACCURACY_LEVELS = (1, 4)
+ACCURACY_LEVEL = 4
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,11 @@ class ExportOptions:
             of greedy tokens equal to Keras' before the first difference.
         decoder_max_nll_change: a quantized decoder's gate: the largest mean
             |log-probability change| of a held-out text's tokens, in nats.
+        decoder_accuracy_level: how a quantized decoder's `MatMulNBits`
+            compute: 4 (the activations quantized to int8 inside the op, as
+            onnxruntime-genai's model builder does on CPU; the fastest) or 1
+            (float32 from the dequantized weights: slower, no rounding of the
+            activations). Only with `quantize` and a causal-lm folder.
         int8_min_top1: the int8 file's gate: the least share of real tokens
             (at least `validating.INT8_MIN_TOKENS` of them over the grid) whose
             top-1 class agrees with Keras', between 0 and 1.
@@ -105,6 +113,7 @@ class ExportOptions:
     int8_min_top1: float = validating.INT8_MIN_TOP1
     decoder_min_agreement: float = decoder_gate.MIN_AGREEMENT
     decoder_max_nll_change: float = decoder_gate.MAX_NLL_CHANGE
+    decoder_accuracy_level: int = ACCURACY_LEVEL
     allow_nonfinite: bool = False
     input_roles: Mapping[str, InputRole] = field(default_factory=dict)
     memory_check: bool = True
@@ -131,6 +140,7 @@ class ExportOptions:
                 "from float32 weights, or with keep streamed from the stored ones; leave "
                 "weights_dtype at float32 (or keep) with quantize"
             )
+        self._check_accuracy_level()
         if self.shapes is not None:
             _set(self, "shapes", validating.check_shapes(self.shapes))
         _set(self, "report_path", Path(self.report_path) if self.report_path else None)
@@ -144,6 +154,20 @@ class ExportOptions:
             raise UsageError(
                 f"{argument('text_pairs', True)}: only with preprocessor=True; add it, or leave "
                 "this out"
+            )
+
+    def _check_accuracy_level(self) -> None:
+        level = self.decoder_accuracy_level
+        if isinstance(level, bool) or level not in ACCURACY_LEVELS:
+            raise UsageError(
+                f"{argument('decoder_accuracy_level', level)}: give one of "
+                f"{', '.join(map(str, ACCURACY_LEVELS))} (4: int8 activations, the "
+                "fastest; 1: float32 compute)"
+            )
+        if level != ACCURACY_LEVEL and self.quantize is None:
+            raise UsageError(
+                f"{argument('decoder_accuracy_level', level)}: sets how a quantized decoder "
+                "computes; only with quantize (and a causal-lm folder), or leave it out"
             )
 
 

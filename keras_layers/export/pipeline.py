@@ -28,7 +28,7 @@ from keras_layers.export import (
 from keras_layers.export.errors import OutputError, UsageError, ValidationFailed, argument
 from keras_layers.export.graph import weights
 from keras_layers.export.loading import LoadedModel
-from keras_layers.export.options import ExportOptions
+from keras_layers.export.options import ACCURACY_LEVEL, ExportOptions
 from keras_layers.export.passes import weights_dtype
 from keras_layers.export.tasks import Checks, Task
 
@@ -291,6 +291,12 @@ def _before_any_work(model, output: Path, options: ExportOptions, task: str):
             f"{argument('weights_dtype', 'keep')} with {argument('quantize', options.quantize)}: "
             "streams a causal LM's stored weights into its quantized folder; give --task "
             "causal-lm and -o FOLDER/, or leave weights_dtype at float32"
+        )
+    if options.decoder_accuracy_level != ACCURACY_LEVEL:
+        raise UsageError(
+            f"{argument('decoder_accuracy_level', options.decoder_accuracy_level)}: sets how a "
+            "causal LM folder's quantized decoder computes (MatMulNBits); a file's int8 copy is "
+            "quantized dynamically; give --task causal-lm and -o FOLDER/, or leave it out"
         )
     targets = placement.Targets(
         onnx=output, report=options.report_path or placement.default_report_path(output)

@@ -16,6 +16,7 @@ from pathlib import Path
 import onnx
 from onnx import helper, numpy_helper
 
+from keras_layers.export.options import ACCURACY_LEVEL
 from keras_layers.export.slimming import deduplicate_initializers
 
 QUANTIZED_OPS = ["MatMul", "Gather"]
@@ -160,18 +161,20 @@ BLOCK_SIZE = 32
 # Measured on a 4-layer, 256-wide GPT-2 (7.5M parameters), 32 greedy tokens
 # after 128 at batch 1 (AVX-512): int8 105 -> 1,307 tokens/s (float32: 799),
 # its 32 tokens float32's at both levels; int4 988 -> 1,277. The decoder gate
-# judges every file on the machine that exports it.
-ACCURACY_LEVEL = 4
+# judges every file on the machine that exports it. Level 1 computes in
+# float32 from the dequantized weights (`ExportOptions.decoder_accuracy_level`):
+# slower, and no activation rounding on top of the weights'. The default
+# and the choices are `options.ACCURACY_LEVEL` and `options.ACCURACY_LEVELS`.
 
 
-def quantize_weights(source, target, kind: str) -> dict:
+def quantize_weights(source, target, kind: str, accuracy_level: int = ACCURACY_LEVEL) -> dict:
     """Write a weight-only quantized copy of the decoder `source` to `target`.
 
     Every MatMul whose weight is a constant becomes ONNX Runtime's
     `MatMulNBits` (com.microsoft): the weight in blocks of `BLOCK_SIZE` values
     along its input axis, each block with its own scale, 4 or 8 bits a value,
     symmetric; activations are float32 in and out, quantized to int8 inside
-    the op (`ACCURACY_LEVEL`) (ONNX Runtime's own quantizer,
+    the op at `accuracy_level` 4, or not at 1 (ONNX Runtime's own quantizer,
     `MatMulNBitsQuantizer`, the layout onnxruntime-genai's model builder
     writes). A tied output projection (a `Transpose` of the embedding) is
     made a weight first, so it is quantized too.
@@ -181,9 +184,11 @@ def quantize_weights(source, target, kind: str) -> dict:
         target: the file to write (weights inline; a data file beside it
             when they pass 1.8 GB).
         kind: "int4" or "int8".
+        accuracy_level: `MatMulNBits`' compute: 4 (int8 activations) or 1 (float32).
 
     Returns:
-        `{"bits", "block_size", "quantized"}`: how many MatMuls were quantized.
+        `{"bits", "block_size", "accuracy_level", "quantized"}`: how many
+        MatMuls were quantized.
     """
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -195,7 +200,7 @@ def quantize_weights(source, target, kind: str) -> dict:
         bits=WEIGHT_BITS[kind],
         block_size=BLOCK_SIZE,
         is_symmetric=True,
-        accuracy_level=ACCURACY_LEVEL,
+        accuracy_level=accuracy_level,
     )
     log = logging.getLogger(MatMulNBitsQuantizer.__module__)
     level = log.level
@@ -214,4 +219,23 @@ def quantize_weights(source, target, kind: str) -> dict:
         all_tensors_to_one_file=True,
         location=f"{Path(target).name}.data",
     )
-    return {"bits": WEIGHT_BITS[kind], "block_size": BLOCK_SIZE, "quantized": count}
+    return summary(kind, accuracy_level, count)
+
+
+def summary(kind: str, accuracy_level: int, count: int) -> dict:
+    """What a weight-only quantization did, for the report.
+
+    Args:
+        kind: "int4" or "int8".
+        accuracy_level: `MatMulNBits`' accuracy level.
+        count: how many matrix products were quantized.
+
+    Returns:
+        `{"bits", "block_size", "accuracy_level", "quantized"}`.
+    """
+    return {
+        "bits": WEIGHT_BITS[kind],
+        "block_size": BLOCK_SIZE,
+        "accuracy_level": accuracy_level,
+        "quantized": count,
+    }

@@ -19,7 +19,7 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from keras_layers.export.graph import attribute, body_reads, perm, weights
-from keras_layers.export.quantizing import ACCURACY_LEVEL, BLOCK_SIZE, WEIGHT_BITS
+from keras_layers.export.quantizing import ACCURACY_LEVEL, BLOCK_SIZE, WEIGHT_BITS, summary
 
 _HALF = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
@@ -60,7 +60,7 @@ def _weight(node, initializers: dict, producers: dict) -> tuple:
     return tensor, transposed
 
 
-def _quantizer(kind: str):
+def _quantizer(kind: str, accuracy_level: int):
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
         DefaultWeightOnlyQuantizer,
@@ -69,7 +69,7 @@ def _quantizer(kind: str):
     config = DefaultWeightOnlyQuantConfig(
         block_size=BLOCK_SIZE,
         is_symmetric=True,
-        accuracy_level=ACCURACY_LEVEL,
+        accuracy_level=accuracy_level,
         bits=WEIGHT_BITS[kind],
     )
     return DefaultWeightOnlyQuantizer(config)
@@ -125,7 +125,9 @@ def _quantizer_call(quantizer, matmul, graph) -> list:
         log.setLevel(level)
 
 
-def quantize_streamed(proto, folder: Path, data_path: Path, kind: str) -> dict:
+def quantize_streamed(
+    proto, folder: Path, data_path: Path, kind: str, accuracy_level: int = ACCURACY_LEVEL
+) -> dict:
     """Quantize the matrix products of `proto` in place, one weight at a time.
 
     Args:
@@ -134,14 +136,15 @@ def quantize_streamed(proto, folder: Path, data_path: Path, kind: str) -> dict:
         folder: the folder of those data files.
         data_path: a new data file in `folder` for the quantized weights.
         kind: `"int4"` or `"int8"`.
+        accuracy_level: `MatMulNBits`' compute: 4 (int8 activations) or 1 (float32).
 
     Returns:
-        `{"bits", "block_size", "quantized"}`: how many products were quantized.
+        `quantizing.summary`: how many products were quantized.
     """
     graph = proto.graph
     initializers = {init.name: init for init in graph.initializer}
     producers = {output: node for node in graph.node for output in node.output}
-    quantizer = _quantizer(kind)
+    quantizer = _quantizer(kind, accuracy_level)
     nodes, added, count, done = [], [], 0, {}
     with open(data_path, "wb") as data:
         for node in graph.node:
@@ -169,7 +172,7 @@ def quantize_streamed(proto, folder: Path, data_path: Path, kind: str) -> dict:
     _drop_unread(graph)
     if not any(node.domain == "com.microsoft" for node in proto.opset_import):
         proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    return {"bits": WEIGHT_BITS[kind], "block_size": BLOCK_SIZE, "quantized": count}
+    return summary(kind, accuracy_level, count)
 
 
 def _drop_unread(graph) -> None:
