@@ -23,7 +23,7 @@ from onnx import numpy_helper
 
 from benchmarks import int4_grid
 from keras_layers.export import export_model, genai_folder, loading, memory, streamed_quantizing
-from keras_layers.export.errors import UsageError, ValidationFailed
+from keras_layers.export.errors import UsageError
 from keras_layers.export.options import ExportOptions
 from keras_layers.export.passes import weight_views
 
@@ -206,10 +206,10 @@ def grid_llama(tmp_path_factory):
     return path
 
 
-def _streamed_on_grid(path, folder) -> dict:
-    """The int4 gate's figures of `path` streamed at accuracy level 1, the
-    gate at its defaults; and every MatMulNBits' accuracy level."""
-    options = ExportOptions(quantize="int4", weights_dtype="keep", decoder_accuracy_level=1)
+def _streamed_on_grid(path, folder, **gate) -> dict:
+    """The int4 gate's figures of `path` streamed at accuracy level 1 (the
+    gate at its defaults, or `gate`); and every MatMulNBits' accuracy level."""
+    options = ExportOptions(quantize="int4", weights_dtype="keep", decoder_accuracy_level=1, **gate)
     report = genai_folder.export_folder(path, folder, options)
     proto = onnx.load(folder / "int4" / "model.onnx", load_external_data=False)
     levels = [a.i for n in proto.graph.node for a in n.attribute if a.name == "accuracy_level"]
@@ -231,12 +231,13 @@ def test_weights_on_the_int4_grid_come_out_of_the_streamed_folder_as_keras_compu
 
 
 def test_blocks_of_64_lose_the_grid_weights(grid_llama, tmp_path, monkeypatch):
-    """Prove the proof: blocks of 64 join two blocks of different scales;
-    the tokens part from Keras' and even the default gate refuses the folder."""
+    """Prove the proof: blocks of 64 join two blocks of different scales, and
+    the log-probabilities move a hundred times past the bound above (the
+    gate opened: which greedy near-ties of a random model flip is not the
+    point)."""
     monkeypatch.setattr(streamed_quantizing, "BLOCK_SIZE", 64)
-    with pytest.raises(ValidationFailed, match="the int4 decoder fails its gate: greedy"):
-        _streamed_on_grid(grid_llama, tmp_path / "b64")
-    assert not (tmp_path / "b64").exists()
+    gate = _streamed_on_grid(grid_llama, tmp_path / "b64", **OPEN_GATE)
+    assert gate["mean_abs_log_prob_change"] > 1e-3, gate["mean_abs_log_prob_change"]
 
 
 def test_the_memory_check_streams_when_float32_cannot_fit(bf16_llama, monkeypatch):
