@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from keras import ops
 from onnx import TensorProto, helper, numpy_helper
 
 from keras_layers.export import ExportOptions, export_model, placement, validating
@@ -338,3 +339,137 @@ def test_a_weight_in_a_data_file_is_read_in_pieces_and_a_short_file_is_an_error(
         data.truncate(data.seek(0, 2) - 1)
     with pytest.raises(ValueError, match="ends before its values do"):
         graph_weights.digest(weight, tmp_path)
+
+
+def _tensors_in_a_data_file(folder, values: dict):
+    """A graph adding each of `values` (name -> array) to `x`, every tensor
+    in `folder / "w.data"` (a doc string on the first: a field after the
+    values)."""
+    nodes, initializers = [], []
+    with open(folder / "w.data", "wb") as data:
+        for name, array in values.items():
+            tensor = numpy_helper.from_array(array, name)
+            graph_weights._append(tensor, [graph_weights.raw_bytes(array)], data)
+            initializers.append(tensor)
+            nodes.append(helper.make_node("Add", ["x", name], [f"{name}_sum"]))
+    initializers[0].doc_string = "after raw_data"
+    outputs = [helper.make_tensor_value_info(f"{n}_sum", TensorProto.FLOAT, None) for n in values]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])
+    return helper.make_model(helper.make_graph(nodes, "g", [x], outputs, initializers))
+
+
+def test_one_file_is_written_a_piece_of_a_tensor_at_a_time(tmp_path, monkeypatch):
+    """`save` without a data file writes byte for byte what `onnx.save_model`
+    writes of the proto holding every tensor, but never holds a tensor whole:
+    Python allocates less than a quarter of the largest (it held it four times)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(4)
+    values = {
+        "big": rng.standard_normal(4 << 20, dtype=np.float32),
+        "small": rng.standard_normal(3000, dtype=np.float32),
+    }
+    proto = _tensors_in_a_data_file(tmp_path, values)
+    whole = onnx.load(_saved(proto, tmp_path / "with_data.onnx"), load_external_data=True)
+    for tensor in whole.graph.initializer:
+        tensor.ClearField("data_location")
+    onnx.save_model(whole, tmp_path / "expected.onnx")
+    monkeypatch.setattr(graph_weights, "_CHUNK_BYTES", 1 << 20)
+
+    tracemalloc.start()
+    try:
+        assert graph_weights.save(proto, tmp_path, tmp_path / "one.onnx") is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert (tmp_path / "one.onnx").read_bytes() == (tmp_path / "expected.onnx").read_bytes()
+    assert peak < values["big"].nbytes / 4, f"{peak / 1e6:.1f} MB"
+
+
+def _saved(proto, path):
+    """`proto` saved as it is (its tensors pointing into w.data beside it)."""
+    onnx.save_model(proto, path)
+    return str(path)
+
+
+def test_a_big_models_keras_outputs_come_from_one_traced_graph(monkeypatch):
+    """From `LEAN_VALIDATION_BYTES` of weights Keras runs the model as one
+    graph, traced once for every grid shape, with the eager call's outputs;
+    a model that does not trace runs eagerly; releasing the model drops the
+    graph that holds it."""
+    import gc
+    import weakref
+
+    monkeypatch.setattr(validating, "LEAN_VALIDATION_BYTES", 0)
+    loaded = load(models.tied_encoder())
+    rng = np.random.default_rng(5)
+    for shape in [(1, 4), (2, 7), (3, 1)]:
+        feeds = validating.make_inputs(loaded, shape, rng)
+        got = validating.keras_outputs(loaded, feeds, "x")
+        eager = np.asarray(loaded.model(feeds[loaded.inputs[0].name], training=False))
+        np.testing.assert_allclose(got[loaded.outputs[0].name], eager, rtol=1e-5, atol=1e-6)
+    assert loaded.graph_call.experimental_get_tracing_count() == 1
+
+    class Untraceable(keras.layers.Layer):
+        def call(self, ids):
+            return ops.cast(ids, "float32") * float(np.asarray(ids).shape[1])  # eager only
+
+        def compute_output_shape(self, shape):
+            return shape
+
+    ids = keras.Input((None,), dtype="int32", name="ids")
+    untraced = load(keras.Model(ids, Untraceable()(ids)))
+    feeds = {"ids": np.ones((2, 3), np.int32)}
+    assert validating.keras_outputs(untraced, feeds, "2x3")[untraced.outputs[0].name].max() == 3
+    assert untraced.graph_call is validating._EAGER
+
+    loaded.path = "a file"  # only a model loaded from a file is released
+    model = weakref.ref(loaded.model)
+    loaded.release_model()
+    gc.collect()
+    assert loaded.graph_call is None and model() is None
+
+
+# Child: Keras' outputs of a tied 70,000 x 1,024 model (287 MB), as one graph
+# and eagerly, and how much the peak RSS grew during each.
+_TIED_CALL_PROBE = """
+import dataclasses, json
+import keras, numpy as np
+from keras_layers import ScaledEmbedding, TiedOutputDense
+from keras_layers.export import loading, validating
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+ids = keras.Input((None,), dtype="int32", name="ids")
+embedding = ScaledEmbedding(70_000, 1024, embeddings_initializer="zeros")
+loaded = loading.load(keras.Model(ids, TiedOutputDense(embedding)(embedding(ids))))
+feeds = {"ids": np.ones((2, 16), np.int32)}
+grown = {}
+for name, model in [("graph", loaded), ("eager", dataclasses.replace(loaded, param_bytes=0))]:
+    open("/proc/self/clear_refs", "w").write("5")
+    before = status("VmRSS")
+    validating.keras_outputs(model, feeds, "2x16")
+    grown[name] = status("VmHWM") - before
+print(json.dumps(grown))
+"""
+
+
+def test_a_tied_projection_runs_without_a_transposed_copy_of_the_table():
+    """Eagerly, `ops.matmul(hidden, ops.transpose(table))` copies the whole
+    table on every call; in the traced graph TensorFlow folds the transpose
+    into the MatMul. The eager growth shows the measurement sees the copy."""
+    import json
+    import subprocess
+    import sys
+
+    probe = subprocess.run(
+        [sys.executable, "-c", _TIED_CALL_PROBE], capture_output=True, text=True, check=True
+    )
+    grown = json.loads(probe.stdout.strip().splitlines()[-1])
+    table = 70_000 * 1024 * 4
+    assert grown["eager"] > 0.9 * table, grown
+    assert grown["graph"] < 0.5 * table, grown

@@ -206,6 +206,56 @@ def test_top1_decides_where_keras_leads_clearly():
     assert validating.compare("1x1", "logits", near, tied, 1e-4, 1e-3).passed
 
 
+def _numbers(check):
+    return {name: value for name, value in vars(check).items() if isinstance(value, float)}
+
+
+@pytest.mark.parametrize("kind", ["logits", "probabilities"])
+def test_a_comparison_in_chunks_of_rows_measures_what_the_whole_does(monkeypatch, kind):
+    """Outputs are compared a few rows at a time (`_row_chunks`): the same
+    check in 3-row chunks as in one piece, and a difference in the last chunk
+    alone still fails it."""
+    rng = np.random.default_rng(2)
+    logits = rng.standard_normal((4, 6, 50)).astype("float32")
+    expected = softmax(logits).astype("float32") if kind == "probabilities" else logits
+    got = (expected * (1 + 1e-6 * rng.standard_normal(expected.shape))).astype("float32")
+    got[1, 2] = expected[1, 2][::-1]  # one row picks another class
+    valid = np.ones((4, 6), bool)
+    valid[3, 4:] = False
+    whole = validating.compare("4x6", kind, got, expected, 10.0, 1.0, valid)
+    monkeypatch.setattr(validating, "_CHUNK_VALUES", 150)
+    chunked = validating.compare("4x6", kind, got, expected, 10.0, 1.0, valid)
+    assert _numbers(chunked) == pytest.approx(_numbers(whole), rel=1e-6)
+    assert (chunked.passed, chunked.problem, chunked.space) == (
+        whole.passed,
+        whole.problem,
+        whole.space,
+    )
+    assert chunked.top1_agreement == pytest.approx(1 - 1 / 22) and chunked.top1_tokens == 22
+    wrong = got.copy()
+    wrong[3, 5] += 1.0 if kind == "logits" else -wrong[3, 5] / 2  # in the last chunk only
+    assert not validating.compare("4x6", kind, wrong, expected, 1e-4, 1e-3).passed
+
+
+def test_comparing_large_outputs_holds_a_chunk_not_copies_of_them():
+    """The comparison of two 64 MB outputs (logits over 32,000 classes)
+    allocates less than one of them: compared whole, each temporary (the
+    differences, the bound, |expected|, ...) was an output's size."""
+    import tracemalloc
+
+    rng = np.random.default_rng(3)
+    expected = rng.standard_normal((2, 250, 32000), dtype=np.float32)
+    got = expected + np.float32(1e-7)
+    tracemalloc.start()
+    try:
+        check = validating.compare("2x250", "logits", got, expected, 1e-4, 1e-5)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert check.passed and check.top1_agreement == 1.0
+    assert peak < 0.5 * expected.nbytes, f"{peak / 1e6:.0f} MB for {expected.nbytes / 1e6:.0f} MB"
+
+
 def test_the_int8_gate_pools_over_the_grid_and_refuses_too_few_tokens():
     pool = validating._Pool()
     for agreement in (0.5, 1.0, 1.0):  # one noisy point does not decide

@@ -166,6 +166,9 @@ class LoadedModel:
     # strides need several tokens), found by running Keras
     # (`validating.shortest_length`); 1 until then.
     min_length: int = 1
+    # The model's call as one TensorFlow graph (`validating.keras_outputs`),
+    # made on first use for a big model; it holds the model too.
+    graph_call: object = field(default=None, repr=False, compare=False)
 
     def release_model(self) -> None:
         """Drop the model, so that its weights can be freed: only for a model
@@ -174,6 +177,7 @@ class LoadedModel:
 
         if self.path is not None:
             self.model = None
+            self.graph_call = None
             gc.collect()
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from keras_layers.export.converting import LARGE_MODEL_BYTES
 from keras_layers.export.errors import UsageError, fix
 from keras_layers.export.loading import declared_weight_bytes, param_bytes
+from keras_layers.export.validating import LEAN_VALIDATION_BYTES
 
 PEAK_PER_PARAM_BYTE = 2.5
 BASELINE_BYTES = 1_500_000_000  # TensorFlow, Keras, onnxruntime loaded, a tiny model
@@ -70,10 +71,6 @@ class Limit:
     name: str
     available: int
     address_space: bool = False
-
-
-# From this many bytes of weights the checks run lean (`validates_lean`).
-LEAN_VALIDATION_BYTES = 256_000_000
 
 
 def validates_lean(external: bool, weight_bytes: int) -> bool:

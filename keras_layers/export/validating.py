@@ -47,6 +47,10 @@ HALF_WEIGHTS_RTOL = 1e-3
 # Probabilities below this are compared as this: they are no prediction, and
 # below float32's normal range their relative precision is lost.
 PROBABILITY_FLOOR = 1e-30
+# From this many bytes of weights the checks run lean
+# (`memory.validates_lean`) and Keras runs as one graph (`_run_keras`).
+LEAN_VALIDATION_BYTES = 256_000_000
+
 DEFAULT_BATCHES = (1, 2, 8)
 DEFAULT_LENGTHS = (1, 7, 64, 256)
 PADDED = "padded"
@@ -70,7 +74,7 @@ class Check:
     keras_nonfinite: float = 0.0
     # How many positions the top-1 agreement counts (the real tokens).
     top1_tokens: int = 0
-    # The comparison (`in_comparison_space`): the space, the scale atol is
+    # The comparison (`comparison_space`): the space, the scale atol is
     # multiplied by, the largest difference there, and the tightest bound.
     scale: float | None = None
     space: str = "values"
@@ -421,6 +425,53 @@ def shape_label(shape) -> str:
     return shape if shape == PADDED else f"{shape[0]}x{shape[1]}"
 
 
+def _run_keras(loaded: LoadedModel, args):
+    """The model's outputs for `args`: run eagerly, or, for a model of at
+    least `LEAN_VALIDATION_BYTES`, as one TensorFlow graph traced once
+    for any batch and length (`LoadedModel.graph_call`); eagerly where it
+    does not trace, or where the graph fails on these inputs.
+
+    In a graph, TensorFlow folds the `Transpose` of a tied output projection
+    (`ops.matmul(hidden, ops.transpose(table))`, as `TiedOutputDense` and
+    keras-hub's `ReversibleEmbedding` write it) into its MatMul; run eagerly,
+    every call makes a transposed copy of the whole table: 3.9 GB more, on
+    every grid point, for a 480,000 x 2,048 table (benchmarks/big_model.py).
+    The outputs are Keras' own either way: the same layers' code, traced.
+    """
+    if loaded.param_bytes < LEAN_VALIDATION_BYTES:
+        return loaded.model(args, training=False)
+    if loaded.graph_call is None:
+        loaded.graph_call = _traced_call(loaded.model, args)
+    if loaded.graph_call is not _EAGER:
+        try:
+            return loaded.graph_call(args)
+        except Exception:  # noqa: BLE001 - the eager call decides, and says why it fails
+            pass
+    return loaded.model(args, training=False)
+
+
+# `LoadedModel.graph_call` of a model that does not trace.
+_EAGER = "eager"
+
+
+def _traced_call(model, args):
+    """`model`'s call as a `tf.function` traced once, every axis of every
+    input dynamic, or `_EAGER` when it does not trace."""
+    import tensorflow as tf
+
+    signature = tf.nest.map_structure(
+        lambda value: tf.TensorSpec([None] * np.ndim(value), np.asarray(value).dtype), args
+    )
+    function = tf.function(
+        lambda inputs: model(inputs, training=False), input_signature=[signature]
+    )
+    try:
+        function.get_concrete_function()
+    except Exception:  # noqa: BLE001 - tracing is an optimisation; the eager call is the reference
+        return _EAGER
+    return function
+
+
 def keras_outputs(loaded: LoadedModel, feeds: dict, label: str) -> dict:
     """Keras' outputs for one grid point, keyed by output name.
 
@@ -445,7 +496,7 @@ def keras_outputs(loaded: LoadedModel, feeds: dict, label: str) -> dict:
         args = feeds[names[0]]
     output_names = [info.name for info in loaded.outputs]
     try:
-        flat = flatten(loaded.model(args, training=False), output_names)
+        flat = flatten(_run_keras(loaded, args), output_names)
     except Exception as error:  # noqa: BLE001 - the model's own failure, reported as such
         detail = one_line(f"{type(error).__name__}: {error}", 300)
         raise UsageError(
@@ -473,9 +524,29 @@ def _nonfinite_only_in_empty_rows(expected: np.ndarray, valid) -> bool:
     return bool(empty.any()) and bool(np.isfinite(expected[~empty]).all())
 
 
+# Values compared at a time (`_row_chunks`): a comparison's temporaries are a
+# few chunks, however large the outputs. A 5 x 64 batch of logits over 480,000
+# classes is 614 MB an array; compared whole, its dozen temporaries were the
+# export's peak (10.5 GB for a 3.9 GB tied table; 8.4 GB chunked).
+_CHUNK_VALUES = 1 << 20
+
+
+def _row_chunks(*arrays: np.ndarray) -> Iterator[list]:
+    """Same-shaped arrays as (rows, last axis) views, a few whole rows at a
+    time (a row's sum and argmax are computed in one piece); nothing for
+    empty arrays."""
+    if not arrays[0].size:
+        return
+    rows = [a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1) for a in arrays]
+    step = max(1, _CHUNK_VALUES // rows[0].shape[1])
+    for start in range(0, rows[0].shape[0], step):
+        yield [part[start : start + step] for part in rows]
+
+
 def _rms(values: np.ndarray) -> float:
-    """Root mean square, accumulated without a float64 copy of `values`."""
-    return float(np.linalg.norm(values.ravel()) / np.sqrt(values.size)) if values.size else 0.0
+    """Root mean square, accumulated a chunk at a time in float64."""
+    squares = sum(float(np.dot(part.ravel(), part.ravel())) for (part,) in _row_chunks(values))
+    return float(np.sqrt(squares / values.size)) if values.size else 0.0
 
 
 def is_distribution(expected: np.ndarray) -> bool:
@@ -488,27 +559,22 @@ def is_distribution(expected: np.ndarray) -> bool:
         or not np.issubdtype(expected.dtype, np.floating)
     ):
         return False
-    sums = expected.sum(axis=-1, dtype=np.float64)
-    finite = np.isfinite(sums)
-    return bool(
-        finite.any() and np.abs(sums[finite] - 1.0).max() <= 1e-3 and not (expected < 0).any()
-    )
+    any_finite = False
+    for (rows,) in _row_chunks(expected):
+        sums = rows.sum(axis=-1, dtype=np.float64)
+        finite = np.isfinite(sums)
+        if (rows < 0).any() or (finite.any() and np.abs(sums[finite] - 1.0).max() > 1e-3):
+            return False
+        any_finite = any_finite or bool(finite.any())
+    return any_finite
 
 
-@dataclass
-class Scaled:
-    """An output in the space it is compared in, with the scale of its
-    absolute tolerance (see docs/export.md, "Tolerances")."""
-
-    got: np.ndarray
-    expected: np.ndarray
-    scale: float
-    space: str  # "values" or "log-probabilities"
-    relative: bool  # whether rtol applies to |expected|
+def _log(probabilities: np.ndarray) -> np.ndarray:
+    return np.log(np.maximum(probabilities, PROBABILITY_FLOOR))
 
 
-def in_comparison_space(got: np.ndarray, expected: np.ndarray) -> Scaled:
-    """Put finite, same-shaped outputs in their comparison space.
+def comparison_space(got: np.ndarray, expected: np.ndarray) -> tuple[str, float]:
+    """The space finite, same-shaped outputs are compared in, and its scale.
 
     Values are compared as they are, with atol scaled by their RMS. A
     probability distribution is compared as log-probabilities (floored at
@@ -522,42 +588,83 @@ def in_comparison_space(got: np.ndarray, expected: np.ndarray) -> Scaled:
         expected: Keras' finite values, of the same shape.
 
     Returns:
-        The two arrays in that space, with the scale.
+        `("values" or "log-probabilities", scale)`.
     """
-    if got.ndim and is_distribution(expected):
-        log_got = np.log(np.maximum(got, PROBABILITY_FLOOR))
-        log_expected = np.log(np.maximum(expected, PROBABILITY_FLOOR))
-        centered = log_expected - log_expected.mean(axis=-1, keepdims=True)
-        return Scaled(log_got, log_expected, _rms(centered), "log-probabilities", False)
-    return Scaled(got, expected, _rms(expected), "values", True)
+    if not (got.ndim and is_distribution(expected)):
+        return "values", _rms(expected)
+    squares = 0.0
+    for (rows,) in _row_chunks(expected):
+        logs = _log(rows)
+        centered = logs - logs.mean(axis=-1, keepdims=True)
+        squares += float(np.square(centered, dtype=np.float64).sum())
+    return "log-probabilities", float(np.sqrt(squares / expected.size))
 
 
-def _top1(got, expected, valid, tolerance) -> tuple[float | None, int, int]:
-    """Top-1 agreement over the real tokens, and how many of the positions
-    where ONNX picks another class Keras' top-1 led by more than twice the
-    tolerance (a difference no rounding explains)."""
-    if not (got.ndim >= 2 and got.shape[-1] > 1 and np.issubdtype(got.dtype, np.floating)):
-        return None, 0, 0
-    picked, wanted = got.argmax(-1), expected.argmax(-1)
-    same = picked == wanted
-    rows = valid if (valid is not None and same.shape == valid.shape and valid.any()) else None
-    counted = same[rows] if rows is not None else same.ravel()
-    where = ~same if rows is None else ~same & rows
-    decided = 0
-    if where.any():
-        top = np.take_along_axis(expected, wanted[..., None], -1)[..., 0][where]
-        other = np.take_along_axis(expected, picked[..., None], -1)[..., 0][where]
-        decided = int(np.count_nonzero(top - other > 2 * tolerance(top)))
-    return float(np.mean(counted)), int(counted.size), decided
+@dataclass
+class _Measures:
+    """What `_measured` finds, accumulated over the outputs' row chunks: the
+    differences in the comparison space against the bound, the raw and
+    relative differences, and each row's top-1 (ONNX's pick, Keras' pick and
+    Keras' values at both) for outputs over classes."""
+
+    space: str
+    scale: float
+    atol: float
+    rtol: float
+    classes: bool  # whether top-1 applies: floats of (..., classes > 1)
+    within: bool = True
+    max_scaled: float = 0.0
+    bound: float = float("inf")
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    rows: list = field(default_factory=list)
+
+    def add(self, got: np.ndarray, expected: np.ndarray) -> None:
+        logs = self.space == "log-probabilities"
+        scaled_got, scaled_expected = (_log(got), _log(expected)) if logs else (got, expected)
+        diff = np.abs(scaled_got - scaled_expected)
+        bound = self.atol * self.scale + (self.rtol if logs else self.rtol * np.abs(expected))
+        self.within = self.within and bool(np.all(diff <= bound))
+        self.max_scaled = max(self.max_scaled, float(diff.max()))
+        self.bound = min(self.bound, float(np.min(bound)))
+        raw, magnitude = np.abs(got - expected), np.abs(expected)
+        self.max_abs = max(self.max_abs, float(raw.max()))
+        # Relative difference where it means something: away from zero.
+        meaningful = magnitude > self.atol * max(self.scale, 1e-30)
+        if meaningful.any():
+            relative = raw[meaningful] / magnitude[meaningful]
+            self.max_rel = max(self.max_rel, float(relative.max()))
+        if self.classes:
+            picked, wanted = got.argmax(-1), expected.argmax(-1)
+            at = np.arange(len(expected))
+            self.rows.append((picked, wanted, expected[at, wanted], expected[at, picked]))
+
+    def top1(self, shape, valid, tolerance) -> tuple[float | None, int, int]:
+        """Top-1 agreement over the real tokens, and how many of the positions
+        where ONNX picks another class Keras' top-1 led by more than twice the
+        tolerance (a difference no rounding explains)."""
+        if not self.classes:
+            return None, 0, 0
+        picked, wanted, top, other = (
+            np.concatenate([row[i] for row in self.rows]).reshape(shape[:-1]) for i in range(4)
+        )
+        same = picked == wanted
+        rows = valid if (valid is not None and same.shape == valid.shape and valid.any()) else None
+        counted = same[rows] if rows is not None else same.ravel()
+        where = ~same if rows is None else ~same & rows
+        decided = 0
+        if where.any():
+            decided = int(np.count_nonzero(top[where] - other[where] > 2 * tolerance(top[where])))
+        return float(np.mean(counted)), int(counted.size), decided
 
 
-def near_tie(top, expected, atol: float, rtol: float):
+def near_tie(top, expected_rms: float, atol: float, rtol: float):
     """How close Keras' top-1 and another class may be for ONNX Runtime to
     pick either.
 
     Args:
         top: Keras' top-1 values.
-        expected: Keras' output (its RMS scales `atol`).
+        expected_rms: the RMS of Keras' output (it scales `atol`).
         atol: the check's absolute tolerance.
         rtol: the check's relative tolerance.
 
@@ -566,7 +673,7 @@ def near_tie(top, expected, atol: float, rtol: float):
         loosened `atol` or `rtol` does not also excuse a changed prediction.
     """
     atol, rtol = min(atol, DEFAULT_ATOL), min(rtol, DEFAULT_RTOL)
-    return atol * _rms(expected) + rtol * np.abs(top)
+    return atol * expected_rms + rtol * np.abs(top)
 
 
 def compare(
@@ -574,7 +681,7 @@ def compare(
 ) -> Check:
     """Compare one ONNX output with the Keras one; never raises.
 
-    Each output is compared at its own scale (`in_comparison_space`): passes
+    Each output is compared at its own scale (`comparison_space`): passes
     when `|onnx - keras| <= atol * scale + rtol * |keras|` everywhere, and,
     for outputs over classes (last axis > 1), when ONNX picks Keras' top-1
     wherever Keras' lead over the class ONNX picked exceeds twice that
@@ -628,19 +735,18 @@ def compare(
 
 def _measured(label, name, got, expected, tolerances, valid, problem, nonfinite) -> Check:
     """`compare`'s measures of finite outputs (flattened where a NaN was
-    dropped): the differences in their comparison space, within the bound,
-    and the top-1 decision."""
+    dropped), a chunk of rows at a time (`_row_chunks`): the differences in
+    their comparison space, within the bound, and the top-1 decision."""
     atol, rtol = tolerances
-    scaled = in_comparison_space(got, expected)
-    diff = np.abs(scaled.got - scaled.expected)
-    bound = atol * scaled.scale + (rtol * np.abs(scaled.expected) if scaled.relative else rtol)
-    raw, magnitude = np.abs(got - expected), np.abs(expected)
-    # Relative difference where it means something: away from zero.
-    meaningful = magnitude > atol * max(scaled.scale, 1e-30)
-    relative = raw[meaningful] / magnitude[meaningful]
-    passed = problem is None and bool(np.all(diff <= bound))
-    top1, tokens, decided = _top1(
-        got, expected, valid, lambda top: near_tie(top, expected, atol, rtol)
+    space, scale = comparison_space(got, expected)
+    classes = got.ndim >= 2 and got.shape[-1] > 1 and np.issubdtype(got.dtype, np.floating)
+    measures = _Measures(space, scale, atol, rtol, classes)
+    for got_rows, expected_rows in _row_chunks(got, expected):
+        measures.add(got_rows, expected_rows)
+    passed = problem is None and measures.within
+    expected_rms = scale if space == "values" else _rms(expected)
+    top1, tokens, decided = measures.top1(
+        got.shape, valid, lambda top: near_tie(top, expected_rms, atol, rtol)
     )
     if decided and passed:
         passed = False
@@ -651,17 +757,17 @@ def _measured(label, name, got, expected, tolerances, valid, problem, nonfinite)
     return Check(
         label,
         name,
-        float(raw.max()) if raw.size else 0.0,
-        float(relative.max()) if relative.size else 0.0,
+        measures.max_abs,
+        measures.max_rel,
         passed,
         top1,
         problem,
         nonfinite,
         top1_tokens=tokens,
-        scale=scaled.scale,
-        space=scaled.space,
-        max_scaled_diff=float(diff.max()) if diff.size else 0.0,
-        bound=float(np.min(bound)) if np.size(bound) else 0.0,
+        scale=scale,
+        space=space,
+        max_scaled_diff=measures.max_scaled,
+        bound=measures.bound if got.size else 0.0,
     )
 
 

@@ -257,6 +257,30 @@ def _key(number: int) -> bytes:
     return _varint(number << 3 | 2)
 
 
+# TensorProto.raw_data's field number.
+_RAW_DATA = 9
+
+
+def _write_inlined(file, tensor, folder: Path | None) -> None:
+    """Write `_inlined(tensor)` serialised, its values streamed from the data
+    file a piece at a time (`chunks`): the fields before `raw_data`, its key
+    and length, the bytes, the fields after it. Serialising the inlined copy
+    whole held the tensor four times (read, copied into the proto, serialised)."""
+    if not is_external(tensor):
+        file.write(tensor.SerializeToString())
+        return
+    copy = TensorProto()
+    copy.CopyFrom(tensor)
+    del copy.external_data[:]
+    copy.ClearField("data_location")
+    copy.ClearField("raw_data")
+    file.write(_fields(copy, lambda number: number < _RAW_DATA))
+    file.write(_key(_RAW_DATA) + _varint(int(_entries(tensor)["length"])))
+    for piece in chunks(tensor, folder):
+        file.write(piece)
+    file.write(_fields(copy, lambda number: number > _RAW_DATA))
+
+
 def _save_one_file(proto, folder: Path | None, path: Path) -> None:
     """One ONNX file, byte for byte what `onnx.save_model` writes of the
     proto with every tensor in it, but each tensor read and written on its
@@ -276,7 +300,7 @@ def _save_one_file(proto, folder: Path | None, path: Path) -> None:
             file.write(_key(_GRAPH) + _varint(len(head) + entries + len(tail)) + head)
             for tensor, size in zip(kept, sizes, strict=True):
                 file.write(_key(_INITIALIZER) + _varint(size))
-                file.write(_inlined(tensor, folder).SerializeToString())
+                _write_inlined(file, tensor, folder)
             file.write(tail)
             file.write(_fields(proto, lambda number: number > _GRAPH))
     finally:
