@@ -139,3 +139,48 @@ def test_one_evaluation_gives_dims_and_values():
     assert static_value(g, "scale").tobytes() == scale.tobytes()
     assert static_value(g, "shape").tolist() == [None, 16]
     assert {"Reshape", "Shape", "Gather", "Cast", "Sqrt", "Reciprocal"} <= set(ops.OPS)
+
+
+def test_onnxslims_cleanups_ask_for_the_hidden_weights_by_name(tmp_path, monkeypatch):
+    """The weights in a data file are graph inputs while onnxslim runs, and
+    its cleanups asked whether each input is used by scanning every used
+    tensor with `Variable.__eq__`: quadratic in the layers. Asked by name
+    (`onnxslim_pass._UsedTensors`), the slimmed model is the same, byte for
+    byte, for a small fraction of the comparisons."""
+    from onnxslim.third_party.onnx_graphsurgeon.ir.tensor import Variable
+
+    from keras_layers.export import compat
+    from keras_layers.export.graph import weights
+    from keras_layers.export.passes import onnxslim_pass
+
+    count = 300
+    nodes, initializers = [], []
+    with open(tmp_path / "w.data", "wb") as data:
+        for index in range(count):
+            tensor = numpy_helper.from_array(np.full(256, index, np.float32), f"w{index}")
+            weights._append(tensor, [weights.raw_bytes(np.full(256, index, np.float32))], data)
+            initializers.append(tensor)
+            source = "x" if index == 0 else f"h{index - 1}"
+            nodes.append(helper.make_node("Add", [source, f"w{index}"], [f"h{index}"]))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 256])
+    y = helper.make_tensor_value_info(f"h{count - 1}", TensorProto.FLOAT, ["batch", 256])
+    model = helper.make_model(helper.make_graph(nodes, "chain", [x], [y], initializers))
+
+    equal = Variable.__eq__
+    calls = {"n": 0}
+
+    def counted(self, other):
+        calls["n"] += 1
+        return equal(self, other)
+
+    monkeypatch.setattr(Variable, "__eq__", counted)
+    slimmed = onnxslim_pass.run(onnx.ModelProto.FromString(model.SerializeToString()), None)
+    by_name = calls["n"]
+    calls["n"] = 0
+    monkeypatch.setattr(compat, "original", lambda owner, name, default=None: default)
+    scanned = onnxslim_pass.run(onnx.ModelProto.FromString(model.SerializeToString()), None)
+
+    assert slimmed.proto.SerializeToString() == scanned.proto.SerializeToString()
+    assert len(slimmed.proto.graph.initializer) == count
+    assert calls["n"] > count * count, calls  # the scan the fix removes
+    assert by_name < calls["n"] / 20, (by_name, calls["n"])

@@ -125,6 +125,13 @@ INTERNALS = (
         "lean_loading._assign_creates: a deferred variable is created from its stored value",
     ),
     Internal(
+        "onnxslim.third_party.onnx_graphsurgeon.ir.graph",
+        "Graph._get_used_node_ids",
+        "onnxslim 0.1.80-0.1.98",
+        "onnxslim_pass._slim: cleanup asks whether each graph input is used by name, not by a "
+        "scan of every used tensor",
+    ),
+    Internal(
         "tensorflow.python.grappler.tf_optimizer",
         "OptimizeGraph",
         "tensorflow 2.16-2.21",
