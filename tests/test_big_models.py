@@ -14,7 +14,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from keras import ops
 from onnx import TensorProto, helper, numpy_helper
 
 from keras_layers.export import ExportOptions, export_model, placement, validating
@@ -393,13 +392,15 @@ def _saved(proto, path):
     return str(path)
 
 
-def test_a_big_models_keras_outputs_come_from_one_traced_graph(monkeypatch):
-    """From `LEAN_VALIDATION_BYTES` of weights Keras runs the model as one
-    graph, traced once for every grid shape, with the eager call's outputs;
-    a model that does not trace runs eagerly; releasing the model drops the
-    graph that holds it."""
+def test_a_big_tied_models_keras_outputs_come_from_one_traced_graph(monkeypatch):
+    """From `LEAN_VALIDATION_BYTES` of weights, a model with a tied output
+    projection runs as one graph, traced once for every grid shape, with the
+    eager call's outputs; one that does not trace, and a model without a tied
+    projection, run eagerly; releasing the model drops the graph that holds it."""
     import gc
     import weakref
+
+    from keras_layers import ScaledEmbedding, TiedOutputDense
 
     monkeypatch.setattr(validating, "LEAN_VALIDATION_BYTES", 0)
     loaded = load(models.tied_encoder())
@@ -412,17 +413,23 @@ def test_a_big_models_keras_outputs_come_from_one_traced_graph(monkeypatch):
     assert loaded.graph_call.experimental_get_tracing_count() == 1
 
     class Untraceable(keras.layers.Layer):
-        def call(self, ids):
-            return ops.cast(ids, "float32") * float(np.asarray(ids).shape[1])  # eager only
+        def call(self, hidden):
+            return hidden * float(np.asarray(hidden).shape[1])  # eager only
 
         def compute_output_shape(self, shape):
             return shape
 
     ids = keras.Input((None,), dtype="int32", name="ids")
-    untraced = load(keras.Model(ids, Untraceable()(ids)))
+    embedding = ScaledEmbedding(12, 4)
+    untraced = load(keras.Model(ids, TiedOutputDense(embedding)(Untraceable()(embedding(ids)))))
     feeds = {"ids": np.ones((2, 3), np.int32)}
-    assert validating.keras_outputs(untraced, feeds, "2x3")[untraced.outputs[0].name].max() == 3
+    expected = np.asarray(untraced.model(feeds["ids"]))
+    got = validating.keras_outputs(untraced, feeds, "2x3")[untraced.outputs[0].name]
+    np.testing.assert_array_equal(got, expected)
     assert untraced.graph_call is validating._EAGER
+    untied = load(keras.Model(ids, keras.layers.Embedding(12, 4)(ids)))
+    validating.keras_outputs(untied, feeds, "2x3")
+    assert untied.graph_call is validating._EAGER
 
     loaded.path = "a file"  # only a model loaded from a file is released
     model = weakref.ref(loaded.model)

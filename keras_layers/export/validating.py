@@ -21,6 +21,7 @@ import numpy as np
 
 from keras_layers.export.errors import UsageError, argument, fix, one_line
 from keras_layers.export.loading import LoadedModel, flatten
+from keras_layers.tied_output_dense import TiedOutputDense
 
 # An int8 model is judged by its predictions, not by tolerances: the share of
 # real tokens whose top-1 class agrees with Keras', pooled over the whole grid
@@ -427,27 +428,43 @@ def shape_label(shape) -> str:
 
 def _run_keras(loaded: LoadedModel, args):
     """The model's outputs for `args`: run eagerly, or, for a model of at
-    least `LEAN_VALIDATION_BYTES`, as one TensorFlow graph traced once
-    for any batch and length (`LoadedModel.graph_call`); eagerly where it
-    does not trace, or where the graph fails on these inputs.
+    least `LEAN_VALIDATION_BYTES` with a tied output projection, as one
+    TensorFlow graph traced once for any batch and length
+    (`LoadedModel.graph_call`); eagerly where it does not trace, or where the
+    graph fails on these inputs.
 
-    In a graph, TensorFlow folds the `Transpose` of a tied output projection
-    (`ops.matmul(hidden, ops.transpose(table))`, as `TiedOutputDense` and
-    keras-hub's `ReversibleEmbedding` write it) into its MatMul; run eagerly,
-    every call makes a transposed copy of the whole table: 3.9 GB more, on
-    every grid point, for a 480,000 x 2,048 table (benchmarks/big_model.py).
-    The outputs are Keras' own either way: the same layers' code, traced.
+    Run eagerly, a tied projection (`ops.matmul(hidden, ops.transpose(table))`,
+    as `TiedOutputDense` and keras-hub's `ReversibleEmbedding` write it) makes
+    a transposed copy of the whole table on every call: 3.9 GB more for a
+    480,000 x 2,048 table (benchmarks/big_model.py); in a graph TensorFlow
+    folds the transpose into the MatMul. Other models stay eager: a graph
+    computes what depends on the weights alone (each kernel's reshapes and
+    transposes) ahead of the activations, all layers at once, and the 1.1B
+    Llama's export peaked 4.3 GB higher so. The outputs are Keras' own
+    either way: the same layers' code, traced.
     """
     if loaded.param_bytes < LEAN_VALIDATION_BYTES:
         return loaded.model(args, training=False)
     if loaded.graph_call is None:
-        loaded.graph_call = _traced_call(loaded.model, args)
+        tied = _has_tied_projection(loaded.model)
+        loaded.graph_call = _traced_call(loaded.model, args) if tied else _EAGER
     if loaded.graph_call is not _EAGER:
         try:
             return loaded.graph_call(args)
         except Exception:  # noqa: BLE001 - the eager call decides, and says why it fails
             pass
     return loaded.model(args, training=False)
+
+
+def _has_tied_projection(model) -> bool:
+    """Whether a layer of `model` projects onto the transpose of an embedding
+    table: our `TiedOutputDense`, or keras-hub's `ReversibleEmbedding` with
+    `tie_weights`."""
+    return any(
+        isinstance(layer, TiedOutputDense)
+        or (type(layer).__name__ == "ReversibleEmbedding" and getattr(layer, "tie_weights", False))
+        for layer in model._flatten_layers(include_self=False)
+    )
 
 
 # `LoadedModel.graph_call` of a model that does not trace.
