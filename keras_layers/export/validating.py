@@ -21,7 +21,6 @@ import numpy as np
 
 from keras_layers.export.errors import UsageError, argument, fix, one_line
 from keras_layers.export.loading import LoadedModel, flatten
-from keras_layers.tied_output_dense import TiedOutputDense
 
 # An int8 model is judged by its predictions, not by tolerances: the share of
 # real tokens whose top-1 class agrees with Keras', pooled over the whole grid
@@ -459,10 +458,15 @@ def _run_keras(loaded: LoadedModel, args):
 def _has_tied_projection(model) -> bool:
     """Whether a layer of `model` projects onto the transpose of an embedding
     table: our `TiedOutputDense`, or keras-hub's `ReversibleEmbedding` with
-    `tie_weights`."""
+    `tie_weights` (or a subclass of either), found by class name, so that
+    this module, which `generate` imports, never imports Keras."""
+
+    def named(layer, name: str) -> bool:
+        return any(cls.__name__ == name for cls in type(layer).__mro__)
+
     return any(
-        isinstance(layer, TiedOutputDense)
-        or (type(layer).__name__ == "ReversibleEmbedding" and getattr(layer, "tie_weights", False))
+        named(layer, "TiedOutputDense")
+        or (named(layer, "ReversibleEmbedding") and getattr(layer, "tie_weights", False))
         for layer in model._flatten_layers(include_self=False)
     )
 
