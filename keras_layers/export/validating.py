@@ -547,8 +547,8 @@ def _nonfinite_only_in_empty_rows(expected: np.ndarray, valid) -> bool:
 
 # Values compared at a time (`_row_chunks`): a comparison's temporaries are a
 # few chunks, however large the outputs. A 5 x 64 batch of logits over 480,000
-# classes is 614 MB an array; compared whole, its dozen temporaries were the
-# export's peak (10.5 GB for a 3.9 GB tied table; 8.4 GB chunked).
+# classes is 614 MB an array, and compared whole it had a dozen temporaries of
+# that size (tests/test_validation_rules.py: 400 MB for two 64 MB outputs).
 _CHUNK_VALUES = 1 << 20
 
 
@@ -565,7 +565,7 @@ def _row_chunks(*arrays: np.ndarray) -> Iterator[list]:
 
 
 def _rms(values: np.ndarray) -> float:
-    """Root mean square, accumulated a chunk at a time in float64."""
+    """Root mean square: each chunk's sum of squares, added up in float64."""
     squares = sum(float(np.dot(part.ravel(), part.ravel())) for (part,) in _row_chunks(values))
     return float(np.sqrt(squares / values.size)) if values.size else 0.0
 

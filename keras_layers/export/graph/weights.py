@@ -205,15 +205,26 @@ def replace(tensor, array: np.ndarray, folder: Path | None) -> None:
         data.write(raw_bytes(little))
 
 
+def _without_location(tensor):
+    """A copy of `tensor` without its data file's location (`data_location`
+    and `external_data` unset) and without values: what `_inlined` fills."""
+    copy = TensorProto()
+    copy.CopyFrom(tensor)
+    del copy.external_data[:]
+    copy.ClearField("data_location")
+    copy.ClearField("raw_data")
+    return copy
+
+
 def _inlined(tensor, folder: Path | None):
     """A copy of `tensor` with its values in the proto, as a tensor converted
     in memory has them (`data_location` and `external_data` unset)."""
-    copy = TensorProto()
-    copy.CopyFrom(tensor)
-    if is_external(tensor):
-        del copy.external_data[:]
-        copy.ClearField("data_location")
-        copy.raw_data = raw_bytes(values(tensor, folder)).tobytes()
+    if not is_external(tensor):
+        copy = TensorProto()
+        copy.CopyFrom(tensor)
+        return copy
+    copy = _without_location(tensor)
+    copy.raw_data = raw_bytes(values(tensor, folder)).tobytes()
     return copy
 
 
@@ -230,10 +241,7 @@ def _inlined_size(tensor) -> int:
     """The serialised size of `_inlined(tensor)`, without reading its values."""
     if not is_external(tensor):
         return tensor.ByteSize()
-    copy = TensorProto()
-    copy.CopyFrom(tensor)
-    del copy.external_data[:]
-    copy.ClearField("data_location")
+    copy = _without_location(tensor)
     copy.raw_data = b""  # set, so its tag and a length of 0 count
     length = int(_entries(tensor)["length"])
     return copy.ByteSize() - 1 + len(_varint(length)) + length
@@ -269,11 +277,7 @@ def _write_inlined(file, tensor, folder: Path | None) -> None:
     if not is_external(tensor):
         file.write(tensor.SerializeToString())
         return
-    copy = TensorProto()
-    copy.CopyFrom(tensor)
-    del copy.external_data[:]
-    copy.ClearField("data_location")
-    copy.ClearField("raw_data")
+    copy = _without_location(tensor)
     file.write(_fields(copy, lambda number: number < _RAW_DATA))
     file.write(_key(_RAW_DATA) + _varint(int(_entries(tensor)["length"])))
     for piece in chunks(tensor, folder):
