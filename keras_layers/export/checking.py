@@ -127,7 +127,11 @@ def _load(model, task: Task, options: ExportOptions, run: Run):
         memory.check_fits(weight_bytes)
     with run.stage("load"):
         loaded = loading.load(
-            model, imports=options.imports, unsafe=options.unsafe, input_roles=options.input_roles
+            model,
+            imports=options.imports,
+            unsafe=options.unsafe,
+            input_roles=options.input_roles,
+            shapes=options.shapes,
         )
         loaded.inputs, loaded.outputs = task.describe(loaded)
     return loaded, lean

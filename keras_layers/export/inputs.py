@@ -36,9 +36,9 @@ is printed as a warning with the `--input` override that would fix it.
 import inspect
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from keras_layers.export.errors import UsageError, argument
+from keras_layers.export.errors import UsageError, argument, one_line
 
 ROLES = ("ids", "padding_mask", "positions", "token_positions", "features")
 SOURCES = ("wiring", "name", "override", "default")
@@ -129,25 +129,64 @@ class Probed:
 class Probe:
     """What `probe` saw: each input's `Probed`, and the position tables (an
     `Embedding(input_dim=maxlen)` read with positions 0, 1, 2, ... as the
-    keras.io examples write them) as `(layer name, rows)`."""
+    keras.io examples write them) as `(layer name, rows)`. When the model
+    failed at every size tried, `inputs` is `None` and `failures` says why
+    (the roles are then read from the wiring alone, and the report says so)."""
 
-    inputs: dict
+    inputs: dict | None
     position_tables: list
+    failures: list = field(default_factory=list)
+    size: tuple | None = None  # the (batch, length) the probe ran at
+
+    @property
+    def warning(self) -> str | None:
+        """One line for the report when the probe failed at some size."""
+        if not self.failures:
+            return None
+        tried = "; ".join(self.failures)
+        if self.inputs is None:
+            return (
+                f"the role probe could not run the model ({tried}), so the inputs' roles are "
+                "read from the wiring alone: an input read by an embedding inside a custom "
+                "layer may be fed random values instead of ids. Give the grid the model runs "
+                "at (--shapes BxS), or say each input's role with --input NAME=ROLE"
+            )
+        batch, length = self.size
+        return f"the role probe ran at {batch}x{length} after failing at {tried}"
 
 
-def _probe_value(info_shape: tuple, dtype: str, seed: int, length: int):
+def _probe_value(info_shape: tuple, dtype: str, seed: int, size: tuple, widths=()):
+    """An input's 0/1 pattern at `size` = (batch, length), trailing axes at
+    `widths` where the model leaves them free. A float input of three or more
+    axes gets some all-zero frames, so that a mask over frames
+    (`keras.layers.Masking`, a `compute_mask` of its own) shows."""
     import numpy as np
 
-    dims = [2, length, *[d or 1 for d in info_shape[2:]]][: len(info_shape)]
+    batch, length = size
+    trailing = [d or w for d, w in zip(info_shape[2:], _padded(widths, info_shape), strict=True)]
+    dims = [batch, length, *trailing][: len(info_shape)]
     if len(info_shape) > 1 and info_shape[1] is not None:
         dims[1] = info_shape[1]
-    pattern = np.random.default_rng(seed).integers(0, 2, size=dims)
+    rng = np.random.default_rng(seed)
+    pattern = rng.integers(0, 2, size=dims)
+    if len(dims) > 2 and not _is_integer(dtype):
+        frames = rng.random(dims[:2]) < 0.25
+        frames.reshape(-1)[0] = False
+        pattern[frames] = 0
     pattern.reshape(-1)[0] = 1  # never all zeros
     return pattern.astype("bool" if dtype == "bool" else dtype)
 
 
+def _padded(widths, info_shape) -> tuple:
+    """`widths` for axes 2.. of an input of `info_shape`, 1 where not given."""
+    count = max(len(info_shape) - 2, 0)
+    return tuple(widths)[:count] + (1,) * (count - len(tuple(widths)[:count]))
+
+
 def _masks_zero(layer, received) -> bool:
-    """Whether `layer.compute_mask` masks exactly the zeros of `received`."""
+    """Whether `layer.compute_mask` masks exactly the zeros of `received`:
+    its zero ids, or its all-zero frames (a mask one axis shorter, as
+    `keras.layers.Masking` computes over float features)."""
     import numpy as np
 
     try:
@@ -158,39 +197,60 @@ def _masks_zero(layer, received) -> bool:
         return False
     try:
         mask = np.asarray(mask)
+        received = np.asarray(received)
     except Exception:  # noqa: BLE001 - a mask that is no array
         return False
-    zeros = np.asarray(received) == 0
+    zeros = received == 0
+    if mask.ndim == zeros.ndim - 1 and zeros.ndim > 2:
+        zeros = zeros.all(axis=-1)
     return mask.shape == zeros.shape and bool(zeros.any()) and np.array_equal(mask, ~zeros)
 
 
-def probe(model, inputs: list[tuple[str, tuple, str]], structure: str, max_length=None):
+def _run(model, feeds: dict, names: list, structure: str):
+    """The model called on `feeds` as it takes them (one tensor, a list, a dict)."""
+    args = {"dict": feeds, "list": [feeds[n] for n in names]}.get(structure)
+    return model(feeds[names[0]] if args is None else args, training=False)
+
+
+def _first_line(error: Exception) -> str:
+    """The error's type and the line that says what went wrong (Keras wraps
+    a layer's error in "Exception encountered when calling ...")."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    stop = next((i for i, line in enumerate(lines) if line.startswith("Arguments received")), None)
+    said = [line for line in lines[:stop] if not line.startswith("Exception encountered")]
+    line = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", (said or lines or [""])[0])
+    return f"{type(error).__name__}: {one_line(line, 200)}"
+
+
+def probe(model, inputs, structure: str, max_length=None, sizes=(), widths=None) -> Probe:
     """Run the model once and record which layers receive each input's values.
 
     Each input gets its own pattern of 0s and 1s (valid for any embedding,
     padding mask or vocabulary); a layer whose first argument equals an input's
-    pattern (after a cast) reads that input, however deep it sits.
+    pattern (after a cast) reads that input, however deep it sits. The probe
+    runs at batch 2 and `PROBE_LENGTH` tokens, then, if the model fails
+    there (a model that runs at one batch size only), at each of `sizes`.
 
     Args:
         model: the Keras model.
         inputs: `(name, shape, dtype)` of each input, in the model's order.
         structure: how the model takes them: `"single"`, `"list"` or `"dict"`.
         max_length: the longest sequence its position tables allow.
+        sizes: more `(batch, length)` pairs to try (the caller's grid).
+        widths: input name -> the sizes of its free trailing axes
+            (`feature_widths`).
 
     Returns:
-        A `Probe`, or `None` when the model cannot run the probe (the roles
-        are then read from the wiring alone).
+        A `Probe`; its `inputs` is `None` when the model fails at every size
+        (the roles are then read from the wiring alone), and its `failures`
+        say where it failed.
     """
     import numpy as np
 
     if any(not (_is_integer(dtype) or dtype.startswith("float")) for _, _, dtype in inputs):
-        return None  # strings: refused later, with their own message
+        return Probe(None, [])  # strings: refused later, with their own message
     length = min(PROBE_LENGTH, max_length or PROBE_LENGTH)
-    feeds = {
-        name: _probe_value(shape, dtype, seed, length)
-        for seed, (name, shape, dtype) in enumerate(inputs)
-    }
-    patterns = {name: value.astype("int64") for name, value in feeds.items()}
+    names = [name for name, _, _ in inputs]
     seen: list[tuple[object, object]] = []
     layers = list(model._flatten_layers(include_self=False))
 
@@ -204,17 +264,28 @@ def probe(model, inputs: list[tuple[str, tuple, str]], structure: str, max_lengt
 
         return wrapper
 
+    failures, feeds, size = [], None, None
     for layer in layers:
         object.__setattr__(layer, "call", recording(layer))
     try:
-        names = [name for name, _, _ in inputs]
-        args = {"dict": feeds, "list": [feeds[n] for n in names]}.get(structure)
-        model(feeds[names[0]] if args is None else args, training=False)
-    except Exception:  # noqa: BLE001 - the probe is a help, never a requirement
-        return None
+        for size in dict.fromkeys([(2, length), *(tuple(s) for s in sizes)]):
+            feeds = {
+                name: _probe_value(shape, dtype, seed, size, (widths or {}).get(name, ()))
+                for seed, (name, shape, dtype) in enumerate(inputs)
+            }
+            seen.clear()
+            try:
+                _run(model, feeds, names, structure)
+                break
+            except Exception as error:  # noqa: BLE001 - said in the report, then retried
+                failures.append(f"{size[0]}x{size[1]}: {_first_line(error)}")
+                feeds = None
     finally:
         for layer in layers:
             object.__delattr__(layer, "call")
+    if feeds is None:
+        return Probe(None, [], failures)
+    patterns = {name: value.astype("int64") for name, value in feeds.items()}
     found = {name: Probed([]) for name in feeds}
     tables = []
     for layer, received in seen:
@@ -231,7 +302,85 @@ def probe(model, inputs: list[tuple[str, tuple, str]], structure: str, max_lengt
                 found[name].embeddings.append(layer)
             if found[name].masking_layer is None and _masks_zero(layer, received):
                 found[name].masking_layer = layer.name
-    return Probe(found, tables)
+    return Probe(found, tables, failures, size)
+
+
+def _weight_sizes(layers) -> list[int]:
+    """The sizes of every axis of these layers' weights, largest first."""
+    sizes = {int(d) for layer in layers for w in layer.weights for d in w.shape if d and d > 1}
+    return sorted(sizes, reverse=True)
+
+
+def feature_widths(model, inputs, structure: str, sizes=()) -> dict:
+    """The sizes to feed an input's free trailing axes (`keras.Input(shape=
+    (None, None))`, a feature width left open), read from the model.
+
+    The candidates are the sizes of the weights of the layers that read the
+    input (of every weight when those hold none); the first the model runs
+    at, largest first, is the width. A model that broadcasts (a position
+    table of width 1024 added to frames of width 1 runs) would otherwise be
+    checked at width 1 only.
+
+    Args:
+        model: the Keras model.
+        inputs: `(name, shape, dtype, symbolic tensor)` of each input.
+        structure: as `probe` takes it.
+        sizes: `(batch, length)` pairs to run at, after batch 2 x 3.
+
+    Returns:
+        Input name -> `(widths, source)`: a width per trailing axis and the
+        sentence that says where they come from; only inputs with free
+        trailing axes.
+
+    Raises:
+        UsageError: the model runs at none of the candidates.
+    """
+    found = {}
+    names = [name for name, _, _, _ in inputs]
+    specs = [(name, shape, dtype) for name, shape, dtype, _ in inputs]
+    for name, shape, _, tensor in inputs:
+        free = [axis for axis in range(2, len(shape)) if shape[axis] is None]
+        if not free:
+            continue
+        readers = [layer for layer, _ in consumers(model, tensor)]
+        candidates = _weight_sizes(readers) or _weight_sizes([model])
+        where = ", ".join(repr(layer.name) for layer in readers[:2]) or "the model"
+        for width in candidates[:12]:
+            widths = tuple(width if d is None else d for d in shape[2:])
+            trial = {**{n: w for n, (w, _) in found.items()}, name: widths}
+            if _runs_at(model, specs, names, structure, trial, sizes):
+                found[name] = (
+                    widths,
+                    f"its free feature axis is fed {width}, a size of the weights of {where} "
+                    "that the model runs at",
+                )
+                break
+        else:
+            raise UsageError(
+                f"input {name!r} is declared {_shape_text(shape)}: its feature width is left "
+                f"open and the model runs at none of the sizes its weights suggest "
+                f"({', '.join(map(str, candidates[:12])) or 'none'}). Declare the width in the "
+                f"model, e.g. keras.Input(shape=(None, WIDTH)), and save it again"
+            )
+    return found
+
+
+def _runs_at(model, specs, names, structure, widths: dict, sizes) -> bool:
+    for size in dict.fromkeys([(2, 3), *(tuple(s) for s in sizes)]):
+        feeds = {
+            name: _probe_value(shape, dtype, seed, size, widths.get(name, ()))
+            for seed, (name, shape, dtype) in enumerate(specs)
+        }
+        try:
+            _run(model, feeds, names, structure)
+            return True
+        except Exception:  # noqa: BLE001 - this width or size is not the model's
+            continue
+    return False
+
+
+def _shape_text(shape) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ")"
 
 
 def _reads_positions(layer, value) -> bool:
@@ -260,8 +409,10 @@ def role_of(name: str, dtype: str, readers: list[tuple[object, str]], probed=Non
         `loading.TensorInfo` takes them.
     """
     embeddings = probed.embeddings if probed is not None else _embeddings_reading(readers)
-    if probed is None:
-        embeddings = embeddings if _is_integer(dtype) else []
+    if probed is None and not _is_integer(dtype):
+        # Without the probe, a float input is ids only where an embedding
+        # reads it itself: one inside a custom layer may read positions.
+        embeddings = [e for e in embeddings if any(e is layer for layer, _ in readers)]
     sequence = "decoder_sequence" if name.startswith("decoder_") else "sequence"
     masking = probed.masking_layer if probed is not None else None
     masking = masking or next(
@@ -302,6 +453,8 @@ def role_of(name: str, dtype: str, readers: list[tuple[object, str]], probed=Non
         return {**found, "role": "padding_mask", "role_source": "name", "role_reason": reason}
     if not _is_integer(dtype):
         reason = f"{dtype} values that no embedding reads"
+        if masking:
+            reason += f"; all-zero frames are padding (masked by {masking!r})"
         return {**found, "role_source": "wiring", "role_reason": reason}
     reason = f"{dtype} values that no embedding, mask or positions argument reads"
     if masking:

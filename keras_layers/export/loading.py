@@ -120,6 +120,9 @@ class TensorInfo:
     # Where the role comes from (`inputs.SOURCES`), and what in the model said so.
     role_source: str = "wiring"
     role_reason: str = ""
+    # The sizes fed to axes 2.. (a free feature width read from the model's
+    # weights, `inputs.feature_widths`); empty: each declared size, 1 if free.
+    widths: tuple = ()
 
     @property
     def is_padding_mask(self) -> bool:
@@ -169,6 +172,9 @@ class LoadedModel:
     # The model's call as one TensorFlow graph (`validating.keras_outputs`),
     # made on first use for a big model; it holds the model too.
     graph_call: object = field(default=None, repr=False, compare=False)
+    # What reading the model could only assume (a role probe that failed at
+    # some size, a feature width read from the weights): report warnings.
+    notes: list = field(default_factory=list)
 
     def release_model(self) -> None:
         """Drop the model, so that its weights can be freed: only for a model
@@ -911,7 +917,10 @@ def _symbolic_io(model):
     return symbolic, model(symbolic)
 
 
-def _describe(model):
+def _describe(model, sizes=()):
+    """The model's inputs (with their roles), outputs, structures, position
+    tables and notes; `sizes` are the caller's `(batch, length)` grid points,
+    where the role probe retries when the model fails at its own size."""
     try:
         input_struct, output_struct = _symbolic_io(model)
     except (TypeError, ValueError) as error:
@@ -924,23 +933,40 @@ def _describe(model):
         output_names = [f"output_{i}" for i in range(len(flat_output_tensors))]
     flat_outputs = _flat_named(output_struct, output_names)
     named = _flat_named(input_struct, input_names)
+    structure = _structure(input_struct)
+    specs = [(name, tuple(tensor.shape), str(tensor.dtype)) for name, tensor in named]
+    widths = {}
+    if all(dtype != "string" for _, _, dtype in specs):
+        widths = inputs_module.feature_widths(
+            model,
+            [(*spec, tensor) for spec, (_, tensor) in zip(specs, named, strict=True)],
+            structure,
+            sizes,
+        )
     probed = inputs_module.probe(
         model,
-        [(name, tuple(tensor.shape), str(tensor.dtype)) for name, tensor in named],
-        _structure(input_struct),
+        specs,
+        structure,
         inputs_module.max_sequence_length(model)[0],
+        sizes,
+        {name: found for name, (found, _) in widths.items()},
     )
+    notes = [f"input {name!r}: {source}" for name, (_, source) in widths.items()]
+    notes += [probed.warning] if probed.warning else []
     inputs = []
     for name, tensor in named:
         dtype = str(tensor.dtype)
         readers = inputs_module.consumers(model, tensor)
-        role = inputs_module.role_of(name, dtype, readers, probed.inputs[name] if probed else None)
-        inputs.append(TensorInfo(name=name, shape=tuple(tensor.shape), dtype=dtype, **role))
+        seen = probed.inputs[name] if probed.inputs is not None else None
+        role = inputs_module.role_of(name, dtype, readers, seen)
+        fed = widths.get(name, ((),))[0]
+        inputs.append(
+            TensorInfo(name=name, shape=tuple(tensor.shape), dtype=dtype, widths=fed, **role)
+        )
     outputs = [
         TensorInfo(name=name, shape=tuple(t.shape), dtype=str(t.dtype)) for name, t in flat_outputs
     ]
-    tables = probed.position_tables if probed else []
-    return inputs, outputs, _structure(input_struct), _structure(output_struct), tables
+    return inputs, outputs, structure, _structure(output_struct), probed.position_tables, notes
 
 
 def unique_variables(model) -> list:
@@ -1038,7 +1064,9 @@ def _in_float32(model, unsafe: bool, custom_objects: dict, stored: bool = False)
         return _load_archive(path, unsafe, custom_objects, stored)
 
 
-def load(model, imports=(), unsafe=False, input_roles=None, stored=False) -> LoadedModel:
+def load(
+    model, imports=(), unsafe=False, input_roles=None, stored=False, shapes=None
+) -> LoadedModel:
     """Load a `.keras` path, or take a model in memory, in float32, and
     describe its inputs and outputs.
 
@@ -1051,6 +1079,9 @@ def load(model, imports=(), unsafe=False, input_roles=None, stored=False) -> Loa
         stored: keep bfloat16 and float16 variables as stored, computing in
             float32 (`stored_precision_policy`): the weights take their
             stored bytes in memory, and the graph reads them through a Cast.
+        shapes: the caller's validation grid: the role probe runs there too
+            when the model fails at its own size (a model that runs at one
+            batch size only).
 
     Returns:
         The `LoadedModel`.
@@ -1078,7 +1109,8 @@ def load(model, imports=(), unsafe=False, input_roles=None, stored=False) -> Loa
             f"{argument('model')}: expected a keras.Model or the path of a .keras file, "
             f"got {type(model).__name__}"
         )
-    inputs, outputs, input_structure, output_structure, tables = _describe(model)
+    sizes = [shape for shape in shapes or () if isinstance(shape, tuple | list)]
+    inputs, outputs, input_structure, output_structure, tables, notes = _describe(model, sizes)
     inputs = inputs_module.apply_overrides(inputs, dict(input_roles or {}))
     max_length, max_length_source = inputs_module.max_sequence_length(model, tables)
     if not inputs:
@@ -1101,4 +1133,5 @@ def load(model, imports=(), unsafe=False, input_roles=None, stored=False) -> Loa
         max_length_source=max_length_source,
         variable_sizes=[(v.path, variable_bytes(v)) for v in unique_variables(model)],
         name=model.name,
+        notes=notes,
     )

@@ -354,7 +354,11 @@ def _convert(model, task: Task, options: ExportOptions, run: Run, folder: Path) 
     held in the proto the passes rewrite (`graph.weights`)."""
     with run.stage("load"):
         loaded = loading.load(
-            model, imports=options.imports, unsafe=options.unsafe, input_roles=options.input_roles
+            model,
+            imports=options.imports,
+            unsafe=options.unsafe,
+            input_roles=options.input_roles,
+            shapes=options.shapes,
         )
     return _convert_loaded(loaded, task, options, run, folder)
 

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from importlib import metadata
 
 from keras_layers.export import slimming
-from keras_layers.export.validating import Validation
+from keras_layers.export.validating import Validation, shared_axes
 
 _PACKAGES = (
     "keras",
@@ -57,10 +57,13 @@ def tensor_entries(infos, roles: bool = False) -> list:
 
 def role_warnings(loaded) -> list[str]:
     """What the checks could only guess: each input whose role was defaulted
-    (`inputs.default_role_warning`)."""
+    (`inputs.default_role_warning`), and what reading the model assumed
+    (`LoadedModel.notes`: a role probe that failed, a feature width read
+    from the weights)."""
     from keras_layers.export.inputs import default_role_warning
 
-    return [default_role_warning(info) for info in loaded.inputs if info.role_source == "default"]
+    defaulted = [default_role_warning(i) for i in loaded.inputs if i.role_source == "default"]
+    return defaulted + list(loaded.notes)
 
 
 def _weight_accounting(loaded, weights_read: set, slimmed) -> dict:
@@ -179,6 +182,7 @@ def build_report(
         "external_data": external_data,
         "exported_from_policies": loaded.source_policies,
         "inputs": tensor_entries(loaded.inputs, roles=True),
+        "shared_axes": shared_axes(loaded.inputs),
         "warnings": role_warnings(loaded) + validation.warnings,
         "outputs": tensor_entries(loaded.outputs),
         **check_entries(validation),

@@ -113,25 +113,20 @@ class Validation:
 
     def failure(self) -> str:
         """Why the checks failed, in a phrase: ONNX Runtime's error, or the
-        worst check (its output, shape and difference or problem)."""
+        worst failed check (its output, shape and difference or problem) and
+        every failed gate, each with its reasons."""
         if self.error is not None:
             return self.error
-        if all(check.passed for check in self.checks):
-            gate = next((gate for gate in self.gates if not gate.passed), None)
-            if gate is not None:
-                return f"output {gate.output!r}: " + (
-                    gate.problem
-                    or f"{gate.statistic} {gate.value:.2%} over {gate.tokens} tokens, "
-                    f"{'at least' if gate.statistic.startswith('top') else 'at most'} "
-                    f"{gate.threshold:.0%} needed"
-                )
+        reasons = [f"output {g.output!r}: {g.problem}" for g in self.gates if not g.passed]
+        if reasons and all(check.passed for check in self.checks):
+            return "; ".join(reasons)
         worst = self.worst()
         what = worst.problem or (
             f"max abs diff {worst.max_scaled_diff:.3g} in {worst.space} > atol {self.atol:g} x "
             f"scale {worst.scale:.3g} + rtol {self.rtol:g}"
             + (" x |keras|" if worst.space == "values" else "")
         )
-        return f"output {worst.output!r} at shape {worst.shape}: {what}"
+        return "; ".join([f"output {worst.output!r} at shape {worst.shape}: {what}", *reasons])
 
 
 # The largest grid point: batch x sequence tokens. Keras' logits for it are
@@ -281,7 +276,8 @@ def make_inputs(loaded: LoadedModel, shape, rng, lengths: dict | None = None) ->
             true = mask.sum(axis=1, keepdims=True)
             value = (rng.random((batch, count)) * true).astype("int64")
         else:
-            dims = [batch, full, *[d or 1 for d in info.shape[2:]]][: len(info.shape)]
+            trailing = info.widths or [d or 1 for d in info.shape[2:]]
+            dims = [batch, full, *trailing][: len(info.shape)]
             if info.is_padding_mask:
                 value = mask
             elif info.role == "token_positions":
@@ -296,6 +292,8 @@ def make_inputs(loaded: LoadedModel, shape, rng, lengths: dict | None = None) ->
                 value = rng.random(dims) < 0.5
             else:
                 value = rng.standard_normal(dims)
+                if info.masks_zero:  # padding frames are all zeros
+                    value = np.where(mask.reshape(mask.shape + (1,) * (len(dims) - 2)), value, 0)
         feeds[info.name] = np.asarray(value).astype(info.dtype)
     return feeds
 
@@ -351,11 +349,13 @@ def shortest_length(loaded: LoadedModel) -> int:
 
 
 def split_sequence_axes(loaded: LoadedModel) -> list:
-    """Give token-id inputs that share a sequence axis by name alone (the TF
-    tutorial's `(context, x)`) their own axis, when Keras runs them at
-    different lengths, so that the grid never feeds an encoder and a decoder
-    equal lengths by accident. Inputs that must be as long as each other
-    (token and segment ids added together) fail that run and stay together.
+    """Give inputs that share a sequence axis by name alone their own axis
+    when Keras runs them at different lengths, so that the grid never feeds
+    an encoder and a decoder equal lengths by accident: token ids (the TF
+    tutorial's `(context, x)`) and float sequences alike (keras.io's
+    character-level seq2seq takes two one-hot inputs). Inputs that must be
+    as long as each other (token and segment ids added together) fail that
+    run and stay together; padding masks and positions follow their axis.
 
     Args:
         loaded: the loaded model.
@@ -366,7 +366,7 @@ def split_sequence_axes(loaded: LoadedModel) -> list:
     """
     inputs = list(loaded.inputs)
     for axis in dict.fromkeys(info.sequence for info in loaded.inputs):
-        members = [i for i in inputs if i.sequence == axis and i.role == "ids"]
+        members = [i for i in inputs if i.sequence == axis and _is_sequence(i)]
         if len(members) < 2 or _fixed_length(loaded, axis) is not None:
             continue
         for other in members[1:]:
@@ -377,6 +377,31 @@ def split_sequence_axes(loaded: LoadedModel) -> list:
             if _output_shapes(replace(loaded, inputs=trial), lengths) is not None:
                 inputs = trial
     return inputs
+
+
+def _is_sequence(info) -> bool:
+    """Token ids, or float values with a free axis 1 (a sequence of frames)."""
+    if info.role == "ids":
+        return True
+    return info.role == "features" and len(info.shape) > 1 and info.shape[1] is None
+
+
+def shared_axes(inputs: list) -> dict:
+    """The sequence axes that several inputs share, for the report: Keras
+    refused them unequal lengths (`split_sequence_axes`), so the grid feeds
+    them equal ones.
+
+    Args:
+        inputs: the described inputs (`loading.TensorInfo`).
+
+    Returns:
+        Axis name -> the names of the token-id or float inputs on it.
+    """
+    found: dict = {}
+    for info in inputs:
+        if _is_sequence(info):
+            found.setdefault(info.sequence, []).append(info.name)
+    return {axis: names for axis, names in found.items() if len(names) > 1}
 
 
 def name_output_axes(loaded: LoadedModel) -> list:
@@ -798,7 +823,9 @@ def _real_tokens(info, feeds: dict):
     if info.is_padding_mask:
         return feeds[info.name].astype(bool)
     if info.masks_zero:
-        return feeds[info.name] != 0
+        real = feeds[info.name] != 0
+        # Float frames are real where any feature is not zero (`Masking`).
+        return real.any(axis=tuple(range(2, real.ndim))) if info.role == "features" else real
     return None
 
 
@@ -838,40 +865,44 @@ class _Pool:
             self.agreeing[name] = self.agreeing.get(name, 0.0) + agreeing
             self.tokens[name] = self.tokens.get(name, 0) + check.top1_tokens
         elif got is not None and got.shape == expected.shape:
-            difference = np.asarray(got, np.float64) - expected
+            # `compare` failed the check unless both are NaN or infinite at
+            # the same places (an empty row's mean): those hold no error.
+            same = np.isfinite(got) & np.isfinite(expected)
+            difference = np.asarray(got, np.float64)[same] - expected[same]
             self.error[name] = self.error.get(name, 0.0) + float(np.sum(difference**2))
-            self.reference[name] = self.reference.get(name, 0.0) + float(np.sum(expected**2.0))
+            self.reference[name] = self.reference.get(name, 0.0) + float(
+                np.sum(expected[same] ** 2.0)
+            )
 
     def gates(self, min_top1: float, min_tokens: int) -> list[Gate]:
+        """Each output's gate; a failed one says every reason it fails."""
         found = []
         for name, tokens in self.tokens.items():
             value = self.agreeing[name] / max(tokens, 1)
-            short = tokens < min_tokens
-            found.append(
-                Gate(
-                    name,
-                    "top-1 agreement",
-                    value,
-                    min_top1,
-                    tokens,
-                    value >= min_top1 and not short,
-                    f"only {tokens} tokens in the grid; the gate needs {min_tokens} to be "
-                    "stable: give a larger grid with shapes"
-                    if short
-                    else None,
+            reasons = []
+            if value < min_top1:
+                reasons.append(
+                    f"top-1 agreement {value:.2%} over {tokens} tokens, at least "
+                    f"{min_top1:.0%} needed"
                 )
-            )
+            if tokens < min_tokens:
+                reasons.append(
+                    f"only {tokens} tokens in the grid; the gate needs {min_tokens} to be "
+                    f"stable: give a larger grid with {fix('shapes')}, or leave it out (the "
+                    "default grid of an int8 export holds enough)"
+                )
+            gate = Gate(name, "top-1 agreement", value, min_top1, tokens, not reasons)
+            found.append(replace(gate, problem="; ".join(reasons) or None))
         for name, error in self.error.items():
             value = float(np.sqrt(error / max(self.reference[name], 1e-300)))
+            passed = value <= INT8_MAX_RELATIVE_ERROR
+            problem = (
+                None
+                if passed
+                else f"relative L2 error {value:.2%}, at most {INT8_MAX_RELATIVE_ERROR:.0%} needed"
+            )
             found.append(
-                Gate(
-                    name,
-                    "relative L2 error",
-                    value,
-                    INT8_MAX_RELATIVE_ERROR,
-                    0,
-                    value <= INT8_MAX_RELATIVE_ERROR,
-                )
+                Gate(name, "relative L2 error", value, INT8_MAX_RELATIVE_ERROR, 0, passed, problem)
             )
         return found
 
