@@ -884,16 +884,21 @@ def _flat_named(structure, names_fallback):
 def _symbolic_io(model):
     """The model's input and output structures of symbolic tensors.
 
-    Functional models have them; a loaded Sequential model has `inputs` but not
-    `input`; a subclassed model has only the input shape it was built with, so it
-    is called once on a symbolic input (int32 when it starts with an embedding).
+    Functional models have them; a Sequential model built from a
+    `keras.Input` keeps them in the functional model it wraps (with the
+    input's own name); a subclassed model has only the input shapes it was
+    built with (one, or a list when it was called on a list), so it is called
+    once on symbolic inputs (int32 for a two-axis input of a model with an
+    embedding, float32 otherwise).
     """
-    import keras
 
     try:
         return model.input, model.output
     except (AttributeError, ValueError):
         pass
+    functional = getattr(model, "_functional", None)
+    if functional is not None:
+        return functional.input, functional.output
     inputs = getattr(model, "_inputs", None) or []
     if inputs:
         return inputs[0] if len(inputs) == 1 else inputs, (
@@ -906,15 +911,27 @@ def _symbolic_io(model):
             "called?). Call it on a batch of data once, then save it again."
         )
     embeds = any(hasattr(layer, "input_dim") for layer in model._flatten_layers())
-    # The build shape is whatever batch the model first saw, e.g. (1, 3): the
-    # batch axis is always dynamic, and so is the sequence axis of token ids.
-    shape = [None, *shape[1:]]
-    if embeds and len(shape) == 2:
-        shape[1] = None
-    symbolic = keras.Input(
-        batch_shape=tuple(shape), dtype="int32" if embeds else "float32", name="inputs"
-    )
+    several = bool(shape) and all(isinstance(item, list | tuple) for item in shape)
+    shapes = list(shape) if several else [shape]
+    symbolic = [
+        _symbolic_input(item, embeds, "inputs" if not several else f"inputs_{index}")
+        for index, item in enumerate(shapes)
+    ]
+    symbolic = symbolic if several else symbolic[0]
     return symbolic, model(symbolic)
+
+
+def _symbolic_input(shape, embeds: bool, name: str):
+    """A `keras.Input` for a build shape. The build shape is whatever batch
+    the model first saw, e.g. (1, 3): the batch axis is always dynamic, and so
+    is the sequence axis of token ids."""
+    import keras
+
+    shape = [None, *shape[1:]]
+    ids = embeds and len(shape) == 2
+    if ids:
+        shape[1] = None
+    return keras.Input(batch_shape=tuple(shape), dtype="int32" if ids else "float32", name=name)
 
 
 def _describe(model, sizes=()):
@@ -928,7 +945,11 @@ def _describe(model, sizes=()):
     flat_inputs = flatten(input_struct)
     flat_output_tensors = flatten(output_struct)
     input_names = [t.name for t in flat_inputs]
-    output_names = list(getattr(model, "output_names", None) or [])
+    output_names = list(
+        getattr(model, "output_names", None)
+        or getattr(getattr(model, "_functional", None), "output_names", None)
+        or []
+    )
     if len(output_names) != len(flat_output_tensors):
         output_names = [f"output_{i}" for i in range(len(flat_output_tensors))]
     flat_outputs = _flat_named(output_struct, output_names)
