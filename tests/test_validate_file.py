@@ -169,3 +169,37 @@ def test_the_command_writes_the_report_it_is_given(files, capsys, tmp_path):
     )
     assert code == 0 and "Report: " in out and out.endswith("r.json")
     assert [path.name for path in tmp_path.iterdir()] == ["r.json"]
+
+
+def _same_names_file(path: Path, dtype=TensorProto.INT32, rows: int = 50) -> Path:
+    """Another model's file with the model's names: `token_ids` -> `head`,
+    a `Gather` from a table of `rows` rows (ids past it fail in ONNX Runtime)."""
+    ids = helper.make_tensor_value_info("token_ids", dtype, [None, None])
+    out = helper.make_tensor_value_info("head", TensorProto.FLOAT, [None, None, 4])
+    table = numpy_helper.from_array(np.ones((rows, 4), np.float32), "table")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "token_ids"], ["head"])],
+        "other",
+        [ids],
+        [out],
+        [table],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    "dtype, rows, phrases",
+    [
+        (TensorProto.INT64, 50, ["input 'token_ids' takes tensor(int64)", "tensor(int32)"]),
+        (TensorProto.INT32, 3, ["ONNX Runtime fails on the 1x3 input", "this model's inputs"]),
+    ],
+    ids=["another type", "another vocabulary"],
+)
+def test_another_models_file_with_the_same_names_is_exit_2(files, capsys, dtype, rows, phrases):
+    path = _same_names_file(files["root"] / f"same_names_{rows}.onnx", dtype, rows)
+    code, _, err = check_only(capsys, files["root"] / "model.keras", path)
+    assert code == 2, err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    for phrase in phrases + ["check it against the model" if rows == 3 else "check the file"]:
+        assert phrase in err, (phrase, err)

@@ -64,7 +64,7 @@ def _file_io(path: Path) -> tuple[list, list]:
             f"({one_line(str(error), 300)}); give a complete ONNX model, with any data "
             "files it reads beside it"
         ) from error
-    inputs = [(value.name, len(value.shape or ())) for value in session.get_inputs()]
+    inputs = [(value.name, value.type, list(value.shape or ())) for value in session.get_inputs()]
     return inputs, [value.name for value in session.get_outputs()]
 
 
@@ -85,17 +85,45 @@ def _mapping(kind: str, file_names: list, infos: list, path: Path) -> dict:
     )
 
 
-def _check_ranks(file_inputs: list, loaded, mapping: dict, path: Path) -> None:
-    """Refuse a positional mapping whose input has another rank than the model's."""
-    ranks = dict(file_inputs)
+def _check_inputs(file_inputs: list, loaded, mapping: dict, path: Path) -> None:
+    """Refuse a file whose inputs are not the model's: another rank, element
+    type or fixed size (another model's file with the same input names)."""
+    found = {name: (kind, shape) for name, kind, shape in file_inputs}
     for info in loaded.inputs:
         name = mapping.get(info.name, info.name)
-        if ranks[name] and ranks[name] != len(info.shape):
-            raise UsageError(
-                f"{argument('onnx_path', path)}: the file's input {name!r} has {ranks[name]} "
-                f"axes and the model's {info.name!r} has {len(info.shape)}; check the file "
-                "against the model it was made from"
-            )
+        kind, shape = found[name]
+        wanted = f"tensor({'bool' if info.dtype == 'bool' else info.dtype})"
+        sizes = [
+            (axis, size, info.shape[axis])
+            for axis, size in enumerate(shape[: len(info.shape)])
+            if isinstance(size, int)
+            and isinstance(info.shape[axis], int)
+            and size != info.shape[axis]
+        ]
+        if shape and len(shape) != len(info.shape):
+            problem = f"has {len(shape)} axes and the model's {info.name!r} has {len(info.shape)}"
+        elif kind != wanted:
+            problem = f"takes {kind} and the model's {info.name!r} takes {wanted}"
+        elif sizes:
+            axis, size, own = sizes[0]
+            problem = f"has {size} on axis {axis} where the model's {info.name!r} has {own}"
+        else:
+            continue
+        raise UsageError(
+            f"{argument('onnx_path', path)}: the file's input {name!r} {problem}; check the "
+            "file against the model it was made from"
+        )
+
+
+def _refused_inputs(validation, path: Path) -> None:
+    """An ONNX Runtime failure on the model's own inputs: the file takes
+    other inputs (another model's ids, shapes or types), a `UsageError`."""
+    if validation.error and validation.error.startswith("ONNX Runtime fails on"):
+        raise UsageError(
+            f"{argument('onnx_path', path)}: {validation.error}. The file does not take this "
+            "model's inputs (another model's file?); check it against the model it was made "
+            "from"
+        )
 
 
 def _renamed(path: Path, inputs: dict, outputs: dict) -> bytes:
@@ -164,12 +192,13 @@ def _check_file(path: Path, file_io: tuple, loaded, task: Task, options: ExportO
     then run the task's checks; returns the checks and the two mappings
     (model name -> file name)."""
     file_inputs, file_outputs = file_io
-    inputs = _mapping("inputs", [name for name, _ in file_inputs], loaded.inputs, path)
+    inputs = _mapping("inputs", [name for name, _, _ in file_inputs], loaded.inputs, path)
     outputs = _mapping("outputs", file_outputs, loaded.outputs, path)
-    _check_ranks(file_inputs, loaded, inputs, path)
+    _check_inputs(file_inputs, loaded, inputs, path)
     source = _renamed(path, inputs, outputs) if inputs or outputs else path
     grid = task.grid(loaded, options.shapes)
     validation, _ = validate_stage(task, loaded, source, grid, options, run, lean)
+    _refused_inputs(validation, path)
     return validation, (inputs, outputs)
 
 
