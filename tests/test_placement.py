@@ -22,6 +22,7 @@ from models import VOCAB, save, tied_encoder
 from keras_layers.export import (
     ExportOptions,
     OutputError,
+    UsageError,
     ValidationFailed,
     export_model,
     placement,
@@ -602,3 +603,37 @@ def test_a_file_of_the_user_at_the_lock_path_is_kept(tmp_path):
     with placement.output_lock(out):
         assert is_held(out)
     assert theirs.read_bytes() == b"notes the user keeps here"
+
+
+@pytest.mark.parametrize("external", ["never", "always"])
+def test_a_successful_export_removes_what_a_failed_one_kept(model_path, tmp_path, external):
+    output = tmp_path / "model.onnx"
+    strict = ExportOptions(shapes=[(1, 4)], atol=0.0, rtol=0.0, external_data=external)
+    with pytest.raises(ValidationFailed):
+        export_model(model_path, output, strict)
+    failed = placement.Targets(output, placement.default_report_path(output)).failed()
+    assert failed.onnx.is_file() and failed.report.is_file()
+    export_model(model_path, output, ExportOptions(shapes=[(1, 4)], external_data=external))
+    names = sorted(path.name for path in tmp_path.iterdir())
+    assert not [name for name in names if ".failed" in name], names
+    data = [name for name in names if name.endswith(".data")]
+    assert len(data) == (1 if external == "always" else 0), names
+    ort.InferenceSession(str(output), providers=["CPUExecutionProvider"])
+
+
+def test_a_failed_command_creates_no_folder(model_path, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["ghost/model.keras", *SHAPES]) == 2  # a typo: no such model
+    assert "ghost" in capsys.readouterr().err
+    output = tmp_path / "new" / "deeper" / "model.onnx"
+    with pytest.raises(ValidationFailed):  # failed: its files are kept, so its folders too
+        export_model(model_path, output, ExportOptions(shapes=[(1, 4)], atol=0.0, rtol=0.0))
+    assert sorted(p.name for p in output.parent.iterdir()) == [
+        "model.failed.onnx",
+        "model.report.failed.json",
+    ]
+    shutil.rmtree(tmp_path / "new")
+    unknown = ExportOptions(shapes=[(1, 4)], input_roles={"nope": "ids"})
+    with pytest.raises(UsageError):  # fails while loading, staged: no folder left
+        export_model(model_path, output, unknown)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -258,6 +258,8 @@ def export_model(
         with placement.output_lock(output), _signals_deferred():  # the lock's wait takes Ctrl-C
             interrupts.check()
             placement.place([*moves, (staged.report, final.report)])
+            if passed:
+                placement.remove_failed(targets)
     if not passed:
         raise ValidationFailed(_failure_message(report, validation, targets, final), report)
     return report

@@ -163,13 +163,21 @@ def _check_writable_file(path: Path, name: str) -> None:
                 f"{argument(name, path)}: is not a regular file (a device, FIFO or socket); "
                 "only regular files are replaced"
             )
+    # Missing folders are made when the files are staged (`staging_folder`),
+    # not here: a command that fails creates nothing. Their nearest existing
+    # ancestor must take them.
     parent = path.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
+    while not parent.exists() and parent != parent.parent:
+        if parent.is_symlink() or (parent.parent.exists() and not parent.parent.is_dir()):
+            raise OutputError(
+                f"{argument(name, path)}: cannot create {path.parent} ({parent.parent} is "
+                "not a folder)"
+            )
+        parent = parent.parent
+    if not parent.is_dir():
         raise OutputError(
-            f"{argument(name, path)}: cannot create {parent} ({error.strerror})"
-        ) from error
+            f"{argument(name, path)}: cannot create {path.parent} ({parent} is a file)"
+        )
     try:
         with tempfile.TemporaryFile(dir=parent):
             pass
@@ -319,13 +327,18 @@ def _remove_unless_held(folder: Path) -> None:
 @contextmanager
 def staging_folder(output: Path) -> Iterator[Path]:
     """A private folder beside `output`, held while the export runs and
-    removed with whatever is left in it."""
+    removed with whatever is left in it. Folders on the way to `output` that
+    did not exist are made here and removed again when nothing was placed
+    in them (a failed export creates nothing)."""
+    made = [parent for parent in reversed(output.parents) if not parent.exists()]
     _remove_stale_staging(output)
     try:
+        output.parent.mkdir(parents=True, exist_ok=True)
         folder = Path(
             tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=STAGING_SUFFIX)
         )
     except OSError as error:
+        _remove_empty(made)
         raise OutputError(
             f"{argument('output', output)}: cannot create a staging folder in "
             f"{output.parent} ({error.strerror or error})"
@@ -338,6 +351,37 @@ def staging_folder(output: Path) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
         if held is not None:
             os.close(held)
+        _remove_empty(made)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders an export made, deepest first, where still empty."""
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:  # holds a placed file (or someone else's): kept
+            return
+
+
+def remove_failed(targets: Targets) -> None:
+    """After a successful export, remove what an earlier failed export to the
+    same output kept (`Targets.failed`: its file, its int8 copy, its report,
+    and the data files only its graph reads), so that no reader takes them
+    for current. Best effort: a file that cannot be removed stays.
+
+    Args:
+        targets: the successful export's final paths.
+    """
+    failed = targets.failed()
+    kept = _data_files_read_by(targets.onnx)
+    stale = [failed.onnx, failed.int8, failed.report]
+    stale += [data for data in _data_files_read_by(failed.onnx) if data not in kept]
+    for path in stale:
+        try:
+            if path.is_file() and not path.is_symlink():
+                path.unlink()
+        except OSError:
+            continue
 
 
 def lock_path(output: Path) -> Path:
