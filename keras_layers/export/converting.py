@@ -176,10 +176,10 @@ def _weights_to_initializers(proto, traced: TracedModel, data_path: Path | None 
     Each variable is read into NumPy on its own and its bytes are set on a new
     initializer in place (`RepeatedField.append` and `numpy_helper.from_array` +
     `CopyFrom` copy by serialising, which fails for a tensor over 2 GiB), or,
-    with `data_path`, written to that file, which the initializer then points
-    at: the graph never holds those weights, and memory holds one variable's
-    copy at a time. Names are the variables' Keras paths
-    (`token_embedding/embeddings`).
+    with `data_path` and a matrix (`weights.stage`), written to that file, which
+    the initializer then points at: the graph never holds those weights, and
+    memory holds one variable's copy at a time. Names are the variables' Keras
+    paths (`token_embedding/embeddings`).
     """
     from onnx import helper
 
@@ -199,7 +199,7 @@ def _weights_to_initializers(proto, traced: TracedModel, data_path: Path | None 
             tensor.name = name
             tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
             tensor.dims.extend(array.shape)
-            weights.store(tensor, array, data)
+            weights.stage(tensor, array, data)
             del array
     del graph.input[:]
     graph.input.extend(kept)
@@ -335,8 +335,9 @@ def convert(
     Args:
         traced: the output of `tracing.trace`.
         opset: the ONNX opset.
-        data_path: if given, the weights of at least `weights.EXTERNAL_MIN_BYTES` are
-            written to this file and the initializers point at it (by its
+        data_path: if given, the matrix weights of at least
+            `weights.EXTERNAL_MIN_BYTES` are written to this file
+            (`weights.stage`) and the initializers point at it (by its
             name, so the graph must be saved beside it); otherwise they are
             held in the proto.
 

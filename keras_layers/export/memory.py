@@ -1,7 +1,7 @@
 """Will the export fit in memory? Checked before the expensive work.
 
-Every export takes one path, whatever the model's size: the weights go to a
-data file as they are converted, the passes rewrite a graph without them,
+Every export takes one path, whatever the model's size: the matrix weights go
+to a data file as they are converted, the passes rewrite a graph without them,
 and the checks compute Keras' outputs and release the model before ONNX
 Runtime maps that file (for models of `LEAN_VALIDATION_BYTES` or more). Its
 peak RSS is the libraries' fixed cost plus a multiple of the weights;

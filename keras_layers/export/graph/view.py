@@ -53,7 +53,8 @@ class Graph:
 
     def const(self, name):
         """The values of initializer `name`; None if it is not one, or if its
-        values are in a data file (a weight: no rule reads one's values)."""
+        values are in a data file: a matrix weight, whose values no rule reads
+        (`weights.stage` keeps vectors, a gamma or a bias, in the proto)."""
         init = self.initializers.get(name)
         if init is None or init.data_location == TensorProto.EXTERNAL:
             return None

@@ -1,9 +1,9 @@
 """A weight's values wherever they are: in the proto, or in a data file.
 
-An export writes every weight to a data file as it is converted
-(`converting`), so no proto of the pipeline ever holds the weights: onnxslim,
-shape inference and the fusions copy and serialise a proto of nodes only,
-whatever the model's size. A pass that needs a weight's values reads them here
+An export writes every matrix weight to a data file as it is converted
+(`converting`, `stage`), so no proto of the pipeline ever holds the matrices:
+onnxslim, shape inference and the fusions copy and serialise a proto of nodes
+and vectors only, whatever the model's size. A pass that needs a weight's values reads them here
 (`values`: a read-only memory map of the file) and writes them back here
 (`replace`: in place when the byte count is the same, else appended); the
 last step writes the file the user gets (`save`): one self-contained ONNX
@@ -177,6 +177,29 @@ def store(tensor, array: np.ndarray, data=None) -> None:
         tensor.raw_data = little.tobytes()
         return
     _append(tensor, [raw_bytes(little)], data)
+
+
+def stage(tensor, array: np.ndarray, data=None) -> None:
+    """`store` for a weight as it is converted, before the passes: a matrix
+    (two axes or more longer than 1) goes to `data`, a vector (a bias, a
+    LayerNorm's gamma and beta, an RMS norm's scale) stays in the proto,
+    however wide.
+
+    The passes read a vector's values and never a data file's: the fusions
+    put a gamma into the op they make (`Graph.const`), ONNX Runtime's bias
+    fusions read the bias, onnxslim folds a zero bias. A vector in the data
+    file was no constant to them, so a model's LayerNorms fused below 256
+    floats (`EXTERNAL_MIN_BYTES`) and none did from 256 on. A vector is a
+    width's worth of values beside a matrix of width x width: the proto
+    stays small. `save` still writes the user's file by size alone.
+
+    Args:
+        tensor: the TensorProto (its type and dims already set).
+        array: its values.
+        data: the staged data file, open for writing, or None.
+    """
+    matrix = sum(size > 1 for size in array.shape) > 1
+    store(tensor, array, data if matrix else None)
 
 
 def replace(tensor, array: np.ndarray, folder: Path | None) -> None:
