@@ -3,6 +3,7 @@ a TextVectorization with its own `standardize` function), given with `--import`.
 
 import importlib
 import io
+import os
 import sys
 import textwrap
 import zipfile
@@ -237,3 +238,35 @@ def test_text_vectorization_is_refused_as_strings(saved, capsys, imports):
     err = refused(capsys, saved[1]["text"], *imports)
     assert_one_clear_line(err, "takes strings", "string inputs cannot be exported", "token ids")
     assert "custom_standardization" not in err
+
+
+def test_import_takes_a_path_and_says_where_a_name_was_searched(saved, capsys, tmp_path):
+    model = saved[1]["custom"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.chdir(elsewhere)  # (in_folder's monkeypatch restores the folder)
+    sys.modules.pop(MODULE, None)  # imported by the tests before
+    code, _, err = run_cli(capsys, model, "-o", tmp_path / "by_name.onnx", "--import", MODULE)
+    assert code == 2 and not (tmp_path / "by_name.onnx").exists(), err
+    assert_one_clear_line(err, f"{MODULE}: cannot import it: it is not in {elsewhere} (the working")
+    assert_one_clear_line(err, "--import path/to/module.py")
+    sys.modules.pop(MODULE, None)
+    output = tmp_path / "by_path.onnx"
+    code, _, err = run_cli(capsys, model, "-o", output, "--import", saved[0] / f"{MODULE}.py")
+    assert code == 0, err
+    assert output.exists()
+
+
+def test_a_saved_model_folder_gets_advice_that_works(tmp_path, capsys):
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    model = keras.Model(ids, keras.layers.Dense(3)(keras.layers.Embedding(20, 4)(ids)))
+    model.export(tmp_path / "saved", format="tf_saved_model", verbose=False)
+    err = refused(capsys, tmp_path / "saved")
+    assert_one_clear_line(err, "TensorFlow SavedModel", "keras.layers.TFSMLayer", "--unsafe")
+    # The advice, followed, exports and passes.
+    inputs = keras.Input((None,), dtype="int32", name="token_ids")
+    layer = keras.layers.TFSMLayer(str(tmp_path / "saved"), call_endpoint="serve")
+    keras.Model(inputs, layer(inputs)).save(tmp_path / "wrapped.keras")
+    options = ExportOptions(shapes=[(1, 3), (2, 5)], unsafe=True, input_roles={"token_ids": "ids"})
+    report = export_model(tmp_path / "wrapped.keras", tmp_path / "wrapped.onnx", options)
+    assert report["passed"]

@@ -207,24 +207,49 @@ def import_modules(names: list) -> dict:
         return {}
     for dependency in _DEPENDENCIES:
         importlib.import_module(dependency)
-    added = os.getcwd() not in sys.path
-    if added:
-        sys.path.insert(0, os.getcwd())
     found = {}
-    try:
-        for name in names:
-            try:
-                module = importlib.import_module(name)
-            except (Exception, SystemExit) as error:  # noqa: BLE001 - the user's module
-                raise UsageError(
-                    f"{argument('imports', name)}: cannot import it "
-                    f"({type(error).__name__}: {error})"
-                ) from error
-            found.update(_unregistered_objects(module))
-    finally:
-        if added and os.getcwd() in sys.path:
-            sys.path.remove(os.getcwd())
+    for name in names:
+        module = _import_one(str(name))
+        found.update(_unregistered_objects(module))
     return found
+
+
+def _import_one(name: str):
+    """Import one user module: a dotted name, searched in the working
+    directory and then the installed packages, or the path of a `.py` file
+    (imported under its stem, its folder searched for its own imports).
+    The folder joins `sys.path` for the import only."""
+    as_path = name.endswith(".py") or os.sep in name
+    folder = Path(name).resolve().parent if as_path else Path(os.getcwd())
+    if as_path and not Path(name).is_file():
+        raise UsageError(
+            f"{argument('imports', name)}: no such file; give a .py file or a module name"
+        )
+    module_name = Path(name).stem if as_path else name
+    if as_path and not module_name.isidentifier():
+        raise UsageError(
+            f"{argument('imports', name)}: {module_name!r} cannot be a module's name; rename the "
+            "file to a Python identifier (letters, digits, underscores)"
+        )
+    added = str(folder) not in sys.path
+    if added:
+        sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        where = f"{folder} (the working directory) and the installed packages"
+        missing = f"a module it imports, {error.name!r}," if error.name != module_name else "it"
+        raise UsageError(
+            f"{argument('imports', name)}: cannot import it: {missing} is not in {where}; run "
+            "from the folder that holds it, or give its path (--import path/to/module.py)"
+        ) from error
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - the user's module
+        raise UsageError(
+            f"{argument('imports', name)}: cannot import it ({type(error).__name__}: {error})"
+        ) from error
+    finally:
+        if added and str(folder) in sys.path:
+            sys.path.remove(str(folder))
 
 
 def _unregistered_objects(module) -> dict:
@@ -264,9 +289,19 @@ def _check_archive(path: Path) -> None:
     except OSError as error:
         raise ModelLoadError(f"{path}: cannot read it ({error.strerror or error})") from error
     if stat.S_ISDIR(mode):
+        if (path / "saved_model.pb").is_file():
+            raise ModelLoadError(
+                f"{path}: is a TensorFlow SavedModel, which Keras 3's load_model cannot read. "
+                "Wrap it in a Keras model and save that: layer = keras.layers.TFSMLayer("
+                f"{str(path)!r}, call_endpoint='serve') (or 'serving_default'); "
+                "inputs = keras.Input(...) as the SavedModel takes them; "
+                "keras.Model(inputs, layer(inputs)).save('model.keras'). Export that file with "
+                "--unsafe (Keras loads a TFSMLayer only then) and, for token ids, --input "
+                "NAME=ids (the SavedModel hides its embedding from the role probe)"
+            )
         raise ModelLoadError(
-            f"{path}: is a directory, not a .keras file (a SavedModel? load it in "
-            "Keras and re-save it with model.save('model.keras'))"
+            f"{path}: is a directory, not a .keras file; give the model's .keras file "
+            "(model.save('model.keras'))"
         )
     if not stat.S_ISREG(mode):
         kind = (
