@@ -203,3 +203,35 @@ def test_another_models_file_with_the_same_names_is_exit_2(files, capsys, dtype,
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
     for phrase in phrases + ["check it against the model" if rows == 3 else "check the file"]:
         assert phrase in err, (phrase, err)
+
+
+def test_a_file_paired_by_position_is_checked_without_reading_its_weights(tmp_path, monkeypatch):
+    """A file whose one input and output have other names, its weights in a
+    data file: checked in place, never loaded into a rewritten proto (that
+    grew with the data, and failed past protobuf's 2 GB)."""
+    model = tiny_model()
+    export_model(
+        model, tmp_path / "model.onnx", ExportOptions(shapes=SHAPES, external_data="always")
+    )
+    proto = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False)
+    proto.graph.input[0].name, proto.graph.output[0].name = "ids", "scores"
+    for node in proto.graph.node:
+        node.input[:] = ["ids" if name == "token_ids" else name for name in node.input]
+        node.output[:] = ["scores" if name == "head" else name for name in node.output]
+    onnx.save_model(proto, str(tmp_path / "renamed.onnx"))
+    loads = []
+    original = onnx.load_model
+
+    def watched(*args, **kwargs):
+        loads.append(kwargs.get("load_external_data", True))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(onnx, "load", watched)
+    monkeypatch.setattr(onnx, "load_model", watched)
+    checked = validate(model, tmp_path / "renamed.onnx", OPTIONS)
+    assert checked["passed"]
+    assert (checked["input_mapping"], checked["output_mapping"]) == (
+        {"token_ids": "ids"},
+        {"head": "scores"},
+    )
+    assert True not in loads  # no weight was read into a proto

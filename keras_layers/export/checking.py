@@ -11,9 +11,7 @@ no file is written, moved or touched, except the report when
 import os
 from pathlib import Path
 
-import onnx
 import onnxruntime as ort
-from onnx import helper
 
 from keras_layers.export import loading, memory, placement, reporting, tasks, validating
 from keras_layers.export.errors import UsageError, ValidationFailed, argument, one_line
@@ -126,24 +124,6 @@ def _refused_inputs(validation, path: Path) -> None:
         )
 
 
-def _renamed(path: Path, inputs: dict, outputs: dict) -> bytes:
-    """The file, in memory, with Identity nodes that give its inputs and
-    outputs the model's names (`inputs`, `outputs`: model name -> file name)."""
-    proto = onnx.load(str(path))  # a data file is read from beside the file
-    graph = proto.graph
-    for model_name, file_name in inputs.items():
-        for value in graph.input:
-            if value.name == file_name:
-                value.name = model_name
-        graph.node.insert(0, helper.make_node("Identity", [model_name], [file_name]))
-    for model_name, file_name in outputs.items():
-        for value in graph.output:
-            if value.name == file_name:
-                value.name = model_name
-        graph.node.append(helper.make_node("Identity", [file_name], [model_name]))
-    return proto.SerializeToString()
-
-
 def _load(model, task: Task, options: ExportOptions, run: Run):
     """The model, loaded and described by the task (its inputs and outputs
     the file's); the memory check first, at the lean ratio."""
@@ -195,9 +175,11 @@ def _check_file(path: Path, file_io: tuple, loaded, task: Task, options: ExportO
     inputs = _mapping("inputs", [name for name, _, _ in file_inputs], loaded.inputs, path)
     outputs = _mapping("outputs", file_outputs, loaded.outputs, path)
     _check_inputs(file_inputs, loaded, inputs, path)
-    source = _renamed(path, inputs, outputs) if inputs or outputs else path
     grid = task.grid(loaded, options.shapes)
-    validation, _ = validate_stage(task, loaded, source, grid, options, run, lean)
+    # The file is run under its own names: fed and read through the pairing,
+    # never rewritten (a copy of a big file's weights, and protobuf's 2 GB).
+    names = {**inputs, **outputs}
+    validation, _ = validate_stage(task, loaded, path, grid, options, run, lean, names)
     _refused_inputs(validation, path)
     return validation, (inputs, outputs)
 

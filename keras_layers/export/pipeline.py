@@ -419,7 +419,9 @@ def _convert_loaded(loaded, task: Task, options: ExportOptions, run: Run, folder
     return _Converted(loaded, converted.weights_read, slimmed, external, grid)
 
 
-def validate_stage(task: Task, loaded, source, grid, options: ExportOptions, run: Run, lean: bool):
+def validate_stage(
+    task: Task, loaded, source, grid, options: ExportOptions, run: Run, lean: bool, file_names=None
+):
     """The validate stage: the task's checks of the float file `source`.
 
     With `lean` (weights in a data file), Keras' side comes first and the
@@ -434,6 +436,8 @@ def validate_stage(task: Task, loaded, source, grid, options: ExportOptions, run
         options: the export's options (tolerances, non-finite outputs).
         run: the export's stage timer and progress.
         lean: whether the weights take the data-file path.
+        file_names: the file's names of the model's inputs and outputs, where
+            they differ (`Checks.file_names`).
 
     Returns:
         (the validation, the `Checks` it was made with, for the int8 file's).
@@ -455,6 +459,7 @@ def validate_stage(task: Task, loaded, source, grid, options: ExportOptions, run
             lean_memory=lean,
             on_step=run.steps("validate"),
             min_top1=options.int8_min_top1,
+            file_names=dict(file_names or {}),
         )
         validation = task.validate(loaded, source, checks)
     return validation, checks

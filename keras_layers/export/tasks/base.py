@@ -9,7 +9,7 @@ and one entry in `keras_layers.export.tasks.TASKS`.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -36,6 +36,8 @@ class Checks:
             arena (`validating.validate`).
         on_step: called as `on_step(done, total)` after each step.
         min_top1: the int8 gate: pooled top-1 agreement with Keras.
+        file_names: the file's names of the model's inputs and outputs,
+            where they differ (a file another tool made).
     """
 
     grid: list | None = None
@@ -47,6 +49,7 @@ class Checks:
     lean_memory: bool = False
     on_step: Callable[[int, int], None] | None = None
     min_top1: float = validating.INT8_MIN_TOP1
+    file_names: dict = field(default_factory=dict)
 
 
 class Task(Protocol):
