@@ -1050,6 +1050,7 @@ def validate(
     lean_memory: bool = False,
     references: list[Reference] | None = None,
     min_top1: float = INT8_MIN_TOP1,
+    file_names: dict | None = None,
 ) -> Validation:
     """Run ONNX Runtime and Keras on the same inputs over the grid.
 
@@ -1071,6 +1072,8 @@ def validate(
         references: Keras' outputs computed beforehand (`keras_references`
             over the same grid); the model is not run again.
         min_top1: the int8 gate's pooled top-1 agreement (`INT8_MIN_TOP1`).
+        file_names: the file's names of the model's inputs and outputs where
+            they differ (`checking.validate`'s pairing): fed and read by those.
 
     Returns:
         One `Check` per output and grid point; `passed` when all pass.
@@ -1086,7 +1089,9 @@ def validate(
     if isinstance(session, str):
         result.error = session
         return result
-    onnx_outputs = [o.name for o in session.get_outputs()]
+    names = dict(file_names or {})
+    model_name = {file: model for model, file in names.items()}
+    onnx_outputs = [model_name.get(o.name, o.name) for o in session.get_outputs()]
     grid = shapes or default_shapes(loaded)
     pool = _Pool()
     if references is None:
@@ -1096,7 +1101,8 @@ def validate(
         if reference.warning:
             result.warnings.append(reference.warning)
         try:
-            got = dict(zip(onnx_outputs, session.run(None, feeds), strict=True))
+            fed = {names.get(name, name): value for name, value in feeds.items()}
+            got = dict(zip(onnx_outputs, session.run(None, fed), strict=True))
         except Exception as error:  # noqa: BLE001 - the file's failure, reported as one
             result.error = (
                 f"ONNX Runtime fails on the {shape_label(shape)} input: {one_line(str(error), 300)}"

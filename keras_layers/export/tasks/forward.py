@@ -116,4 +116,5 @@ class Forward:
             lean_memory=checks.lean_memory,
             references=checks.references,
             min_top1=checks.min_top1,
+            file_names=checks.file_names,
         )
