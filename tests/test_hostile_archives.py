@@ -344,3 +344,36 @@ def test_resident_memory_is_the_least_of_meminfo_and_the_cgroup(monkeypatch):
     assert memory.limits() == [memory.Limit("the cgroup (test)", 3 * 10**9)]
     with pytest.raises(UsageError, match="3.0 GB are available under the cgroup"):
         memory.check_fits(700_000_000)
+
+
+def test_the_streamed_path_checks_the_declared_size_first(tmp_path, monkeypatch):
+    """`--weights-dtype keep --quantize int4` (the streamed folder export) on an
+    archive declaring 1.6 GB, with 1 GB left: refused before any work, as the
+    float32 path refuses it (it reached 6.97 GB on a 3.2 GB declaration)."""
+    from keras_layers.export import genai_folder
+    from keras_layers.export.options import ExportOptions
+
+    bomb = archives.config_only_bomb(tmp_path / "bomb.keras", BOMB_UNITS, BOMB_UNITS)
+    monkeypatch.setattr(memory, "limits", lambda: [memory.Limit("MemAvailable", 1 << 30)])
+    options = ExportOptions(quantize="int4", weights_dtype="keep")
+    with pytest.raises(UsageError, match="MemAvailable"):
+        genai_folder.streams(bomb, options)
+    # The check is the one --no-memory-check skips.
+    unchecked = ExportOptions(quantize="int4", weights_dtype="keep", memory_check=False)
+    assert genai_folder.streams(bomb, unchecked)
+
+
+def test_a_layer_name_of_megabytes_is_refused_before_keras_reads_it(tmp_path, capsys):
+    """A 15 MiB layer name cost 3.1 GB of RSS in Keras and TensorFlow, outside
+    the memory check; names are identifiers: refused, exit 2, one line."""
+    config = archives.dense_config(8, 16)
+    config["config"]["layers"][-1]["config"]["name"] = "d" * (15 << 20)
+    path = archives.write_keras(
+        tmp_path / "long_name.keras", config, archives.weights_h5(archives.dense_shapes(8, 16))
+    )
+    code = main([str(path), "-o", str(tmp_path / "out.onnx"), "--shapes", "1x3"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "15,728,640 characters" in err and "re-save the model" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out.onnx").exists()

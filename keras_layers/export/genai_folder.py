@@ -880,6 +880,8 @@ def streams(lm, options: ExportOptions) -> bool:
         UsageError: neither export fits (exit 2): both figures are said.
     """
     if options.quantize and options.weights_dtype == "keep":
+        if options.memory_check:  # the streamed path's own estimate, before any work
+            memory.check_fits(memory.estimated_param_bytes(lm, stored=True), streamed=True)
         return True
     if not options.memory_check:
         return False

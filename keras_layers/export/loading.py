@@ -49,6 +49,9 @@ _MAX_CONFIG_BYTES = 16 << 20
 # models each wrapping the next 37 (about 3 per model). 200 leaves room for 60 nested
 # models and keeps `_float32_config` (2 frames per level) far from Python's 1000 frames.
 _MAX_CONFIG_DEPTH = 200
+# The longest layer or tensor name a config may give (names are identifiers;
+# Keras and TensorFlow copy them into every op's name).
+_MAX_NAME_CHARS = 4096
 # Keras stores entries uncompressed, and weights (float noise) barely deflate, so a
 # real entry inflates about 1:1 (text assets, re-zipped, about 4:1); deflate reaches
 # 1032:1 only on repetitive filler. An entry over 1 MiB that would inflate more than
@@ -644,7 +647,29 @@ def _read_config(path: Path, archive: zipfile.ZipFile) -> dict:
             f"{path}: config.json holds a JSON {type(config).__name__}, not a model "
             f"config; {fix_it}"
         )
+    long_name = next((name for name in _names(config) if len(name) > _MAX_NAME_CHARS), None)
+    if long_name is not None:
+        raise ModelLoadError(
+            f"{path}: config.json names a layer or tensor with {len(long_name):,} characters "
+            f"({long_name[:40]!r}...), more than the {_MAX_NAME_CHARS:,} a name can need (Keras "
+            f"and TensorFlow copy names into every op: a 15 MiB name took 3 GB); {fix_it}"
+        )
     return config
+
+
+def _names(config) -> Iterator[str]:
+    """Every `name` string of a config, at any depth (the nesting is bounded
+    by `_MAX_CONFIG_DEPTH`)."""
+    stack = [config]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            name = node.get("name")
+            if isinstance(name, str):
+                yield name
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 def _stored_policy(name: str) -> dict:
