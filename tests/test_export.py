@@ -680,3 +680,19 @@ def test_a_quick_gelu_onnx_runtime_cannot_read_is_left_alone(tmp_path):
     model = keras.Model(ids, keras.layers.Dense(4)(gelu))
     report = export_model(model, tmp_path / "q.onnx", ExportOptions(shapes=[(2, 5)], unsafe=True))
     assert report["passed"]
+
+
+def test_one_demo_folder_per_installation(tmp_path, monkeypatch):
+    """In a checkout both commands share its `artifacts/demo` (the installed
+    `keras-layers-export` trained a second demo in ~/.cache); elsewhere the
+    cache folder; `$KERAS_LAYERS_HOME` wins over both."""
+    from keras_layers.export.cli import default_demo_dir
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.delenv("KERAS_LAYERS_HOME", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert default_demo_dir() == root / "artifacts" / "demo"  # pip install -e of this checkout
+    assert default_demo_dir(checkout=root) == root / "artifacts" / "demo"
+    assert default_demo_dir(checkout=tmp_path) == tmp_path / "cache" / "keras-layers" / "demo"
+    monkeypatch.setenv("KERAS_LAYERS_HOME", str(tmp_path / "home"))
+    assert default_demo_dir() == default_demo_dir(checkout=root) == tmp_path / "home" / "demo"

@@ -56,13 +56,19 @@ FIXES = {
 }
 
 
-def default_demo_dir() -> Path:
-    """Where the demo's files go when no checkout names a place:
-    `$KERAS_LAYERS_HOME/demo`, else `$XDG_CACHE_HOME/keras-layers/demo`, else
-    `~/.cache/keras-layers/demo`."""
+def default_demo_dir(checkout: Path | None = None) -> Path:
+    """Where the demo's files go, one place per kind of installation:
+    `$KERAS_LAYERS_HOME/demo` when set; else, run from a checkout (the
+    package installed from it with `pip install -e`, or `checkout` given),
+    its `artifacts/demo`, so that `python export/to_onnx.py` and
+    `keras-layers-export` share one trained demo; else
+    `$XDG_CACHE_HOME/keras-layers/demo` (default `~/.cache/keras-layers/demo`)."""
     home = os.environ.get("KERAS_LAYERS_HOME")
     if home:
         return Path(home).expanduser() / "demo"
+    checkout = checkout or Path(__file__).resolve().parents[2]
+    if (checkout / "export" / "to_onnx.py").is_file() and (checkout / "pyproject.toml").is_file():
+        return checkout / "artifacts" / "demo"
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(cache) / "keras-layers" / "demo"
 
