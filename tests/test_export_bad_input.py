@@ -388,3 +388,28 @@ def test_an_import_that_exits_is_a_usage_error(
     assert_one_clear_line(err, "--import exits_on_import", phrase)
     assert not (tmp_path / "o.onnx").exists()
     sys.modules.pop("exits_on_import", None)
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["ghost/model.keras"], "error: ghost/model.keras: no such file"),
+        (["--check-only", "ghost.keras", "x.onnx"], "error: ghost.keras: no such file"),
+        (["--check-only", "MODEL", "ghost.onnx"], "error: ghost.onnx: no such file; give the"),
+    ],
+    ids=["model", "checked model", "checked file"],
+)
+def test_a_missing_file_is_said_before_tensorflow_is_imported(tmp_path, good_model, argv, said):
+    """A typo took 10-12 s to report: TensorFlow was imported first."""
+    argv = [str(good_model) if arg == "MODEL" else arg for arg in argv]
+    code = (
+        "import sys\nfrom keras_layers.export.cli import main\n"
+        f"code = main({argv!r})\n"
+        "print(sorted({'tensorflow', 'keras', 'onnxruntime'} & set(sys.modules)), code)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert result.stdout.strip().splitlines()[-1] == "[] 2", result.stdout + result.stderr
+    assert result.stderr.strip() == said or result.stderr.strip().startswith(said), result.stderr
+    assert not list(tmp_path.iterdir())

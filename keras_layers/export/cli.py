@@ -376,6 +376,17 @@ def _add_command(p: argparse.ArgumentParser) -> None:
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
 
 
+def _missing_path(args) -> str | None:
+    """The one line for a model or ONNX file that does not exist, found
+    before any library is imported: the same words the loader would say."""
+    if args.model is not None and not os.path.lexists(args.model):
+        return f"{args.model}: no such file"
+    onnx_path = getattr(args, "onnx_path", None)
+    if args.check_only and onnx_path is not None and not os.path.lexists(onnx_path):
+        return f"{onnx_path}: no such file; give the path of an existing .onnx file"
+    return None
+
+
 def _quiet_libraries(verbose: bool) -> None:
     if verbose:
         return
@@ -657,6 +668,10 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
     """
     demo_dir = demo_dir or default_demo_dir()
     args = parser(prog or os.path.basename(sys.argv[0]), demo_dir).parse_args(argv)
+    missing = _missing_path(args)
+    if missing:  # said before TensorFlow is imported (10 s)
+        print(f"error: {missing}", file=sys.stderr)
+        return EXIT_USAGE
     _quiet_libraries(args.verbose)
     from rich.console import Console
     from rich.markup import escape
