@@ -192,3 +192,18 @@ def test_genai_benchmark_quick_mode_times_every_candidate_with_keras_hub_tokens(
     written = json.loads((results_io.RESULTS / "genai.quick.json").read_text())
     assert written["candidates"] == list(genai.CANDIDATES)
     assert written["targets"] == report["targets"]
+
+
+def test_int8_rows_benchmark_quick_mode_compares_both_scales():
+    """Per row, a row's logits in a batch are those it gives alone; per
+    tensor, they are not."""
+    from benchmarks import int8_rows
+
+    report = int8_rows.main(["--quick"])
+    (entry,) = report["models"].values()
+    rows = entry["rows"]
+    assert rows["per row"]["max_row_change_in_batch"] <= 1e-5
+    assert rows["per tensor"]["max_row_change_in_batch"] > 1e-3
+    (timing,) = entry["latency_ms"].values()
+    assert timing["per row / per tensor"] > 0
+    assert (results_io.RESULTS / "int8_rows.quick.json").exists()

@@ -1,0 +1,95 @@
+"""The forward int8 file and its gate (issue #45, item 2): each row of an
+activation is quantized alone, so a row's result never depends on the others
+(an all-padding row's NaN stays in it); every reason a failed int8 file fails
+reaches the terminal; the default grid holds the rows the gate needs."""
+
+import keras
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from keras_layers.export import ExportOptions, export_model, quantizing
+
+pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
+
+
+def masked_pooling_classifier(heads: int = 1):
+    """Ids -> Embedding(mask_zero) -> Dense -> masked mean -> softmax: the
+    mean of an all-padding row is over no token, 0/0 = NaN."""
+    keras.utils.set_random_seed(11)
+    ids = keras.Input((None,), dtype="int32", name="ids")
+    embedded = keras.layers.Embedding(200, 32, mask_zero=True)(ids)
+    hidden = keras.layers.Dense(32, activation="relu")(embedded)
+    pooled = keras.layers.GlobalAveragePooling1D()(hidden)
+    outputs = {
+        f"class_{head}": keras.layers.Dense(5, activation="softmax", name=f"class_{head}")(pooled)
+        for head in range(heads)
+    }
+    return keras.Model(ids, outputs if heads > 1 else outputs["class_0"])
+
+
+def padded_ids(lengths, width: int = 12):
+    """A batch of right-padded ids, one row per true length."""
+    ids = np.random.default_rng(4).integers(1, 200, (len(lengths), width)).astype("int32")
+    return np.where(np.arange(width) < np.array(lengths)[:, None], ids, 0)
+
+
+def test_each_row_of_the_int8_file_gives_what_it_gives_alone(tmp_path):
+    """A batch with an all-padding row: that row is NaN, as in the float file,
+    and every other row is what the int8 file gives for it alone. With one
+    scale for the whole activation, the NaN row made every row NaN (or came
+    out finite, where ONNX Runtime's min/max skipped its NaN), and any row
+    changed the others' rounding."""
+    float_path, int8_path = tmp_path / "pool.onnx", tmp_path / "pool.int8.onnx"
+    export_model(masked_pooling_classifier(), float_path, ExportOptions(shapes=[(2, 6)]))
+    quantizing.quantize_int8(float_path, int8_path)
+    int8 = ort.InferenceSession(str(int8_path), providers=["CPUExecutionProvider"])
+    reference = ort.InferenceSession(str(float_path), providers=["CPUExecutionProvider"])
+    for lengths in ([12, 5, 0, 9], [12, 5, 9], [1, 12]):
+        ids = padded_ids(lengths)
+        (batch,) = int8.run(None, {"ids": ids})
+        (expected,) = reference.run(None, {"ids": ids})
+        real = np.array(lengths) > 0
+        for row in np.flatnonzero(real):
+            (alone,) = int8.run(None, {"ids": ids[row : row + 1]})
+            np.testing.assert_allclose(batch[row], alone[0], rtol=1e-6, atol=1e-7)
+        assert np.isnan(batch[~real]).all() and np.isnan(expected[~real]).all()
+        # Still a quantization of the float file: probabilities within 0.05.
+        np.testing.assert_allclose(batch[real], expected[real], atol=0.05)
+    ops = {node.op_type for node in onnx.load(str(int8_path)).graph.node}
+    assert "DynamicQuantizeLinear" not in ops and "MatMulInteger" in ops
+
+
+def test_a_row_of_zeros_gives_zeros_and_a_row_with_one_nan_gives_nans(tmp_path):
+    """One MatMul, quantized: a row of zeros (scale 0) gives 0, a row with a
+    single NaN, not first, gives NaN (ONNX Runtime's ReduceMax skips it), a row
+    a million times larger changes no other, and every row is as alone."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((16, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "one_matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", 8])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    source, target = tmp_path / "matmul.onnx", tmp_path / "matmul.int8.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), source)
+    quantizing.quantize_int8(source, target)
+    session = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    x[1] = 0.0
+    x[2, 5] = np.nan
+    x[3] *= 1e6
+    (y,) = session.run(None, {"x": x})
+    assert np.array_equal(y[1], np.zeros(8, np.float32))
+    assert np.isnan(y[2]).all()
+    for row in (0, 1, 3):
+        (alone,) = session.run(None, {"x": x[row : row + 1]})
+        np.testing.assert_allclose(y[row], alone[0], rtol=1e-6)
+    np.testing.assert_allclose(
+        y[0], x[0] @ weight, rtol=0.05, atol=0.05 * np.abs(x[0] @ weight).max()
+    )
