@@ -67,6 +67,25 @@ def test_export_without_the_extra_names_the_extra(tmp_path):
     assert 'pip install "keras-layers[export]"' in last
 
 
+def test_the_command_without_the_extra_is_one_error_line(tmp_path):
+    """`pip install keras-layers` alone, then `keras-layers-export`: one line
+    naming the extra, exit 2 (it printed a traceback, exit 1). The installed
+    entry point is run with tf2onnx hidden, as if never installed."""
+    code = (
+        "import sys; sys.modules['tf2onnx'] = None\n"
+        "from importlib.metadata import entry_points\n"
+        "(command,) = entry_points(group='console_scripts', name='keras-layers-export')\n"
+        "sys.exit(command.load()())"
+    )
+    result = run([sys.executable, "-c", code], tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        result.stderr.strip()
+    ] and result.stderr.startswith("error: keras_layers.export needs tf2onnx")
+    assert 'pip install "keras-layers[export]"' in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.fixture(scope="module")
 def saved_layers(tmp_path_factory):
     """A `.keras` file holding one of the layers, saved in its own process."""
