@@ -3,13 +3,18 @@ activation is quantized alone, so a row's result never depends on the others
 (an all-padding row's NaN stays in it); every reason a failed int8 file fails
 reaches the terminal; the default grid holds the rows the gate needs."""
 
+import json
+import math
+
 import keras
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from models import save
 
-from keras_layers.export import ExportOptions, export_model, quantizing
+from keras_layers.export import ExportOptions, export_model, quantizing, validating
+from keras_layers.export.cli import main
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 
@@ -93,3 +98,34 @@ def test_a_row_of_zeros_gives_zeros_and_a_row_with_one_nan_gives_nans(tmp_path):
     np.testing.assert_allclose(
         y[0], x[0] @ weight, rtol=0.05, atol=0.05 * np.abs(x[0] @ weight).max()
     )
+
+
+def test_a_failed_int8_validation_names_every_reason():
+    """A failed check and a failed gate: the failure names both; a gate that
+    fails for its agreement and for its count names both."""
+    pool = validating._Pool()
+    pool.add(validating.Check("2x5", "probs", 0, 0, True, 0.5, top1_tokens=10), None, None)
+    (gate,) = pool.gates(0.9, 1000)
+    assert "top-1 agreement 50.00%" in gate.problem and "only 10 tokens" in gate.problem
+    broken = validating.Check("padded", "probs", math.inf, math.inf, False)
+    broken.problem = "NaN or infinity differs"
+    failure = validating.Validation(checks=[broken], gates=[gate]).failure()
+    for reason in ("NaN or infinity differs", "top-1 agreement 50.00%", "only 10 tokens"):
+        assert reason in failure, failure
+
+
+def test_every_reason_the_int8_gates_fail_reaches_the_terminal(tmp_path, capsys):
+    """Two outputs, each short of rows on the caller's grid: both reasons are
+    printed, not only the first (the rest were in the report file alone)."""
+    model = save(masked_pooling_classifier(heads=2), tmp_path / "two_heads.keras")
+    output = tmp_path / "out.onnx"
+    code = main([str(model), "-o", str(output), "--shapes", "2x5", "--quantize", "int8"])
+    terminal = capsys.readouterr()
+    assert code != 0
+    report = json.loads((tmp_path / "out.report.failed.json").read_text())
+    failed = [gate for gate in report["int8"]["gates"] if not gate["passed"]]
+    assert sorted(gate["output"] for gate in failed) == ["class_0", "class_1"]
+    lines = [" ".join(line.split()) for line in (terminal.out + terminal.err).splitlines()]
+    for gate in failed:
+        reason = " ".join(gate["problem"].split())
+        assert any(gate["output"] in line and reason in line for line in lines), (gate, lines)

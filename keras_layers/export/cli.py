@@ -676,7 +676,12 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
     from rich.console import Console
     from rich.markup import escape
 
-    from keras_layers.export.display import render_report, render_streamed, render_tokenizer
+    from keras_layers.export.display import (
+        render_int8_failure,
+        render_report,
+        render_streamed,
+        render_tokenizer,
+    )
     from keras_layers.export.errors import ExportError, one_line
 
     console = Console(stderr=False, highlight=False)
@@ -695,6 +700,9 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
             render = render_tokenizer if "tokenizer" in error.report else render_report
             render = render_streamed if "streamed" in error.report else render
             render(error.report, console)
+            int8 = error.report.get("int8")
+            if int8 and not int8["passed"]:
+                render_int8_failure(int8, console)
         if args.verbose:
             traceback.print_exc()
         err.print(f"[red]error:[/] {escape(one_line(str(error)))}")

@@ -215,13 +215,40 @@ def render_streamed(report: dict, console: Console) -> None:
         )
 
 
+def _gate_line(gate: dict) -> str:
+    """One int8 gate's statistic, unescaped."""
+    tokens = f" over {gate['tokens']} tokens" if gate["tokens"] else ""
+    return f"{gate['output']}: {gate['statistic']} {gate['value']:.2%}{tokens}"
+
+
+def render_int8_failure(int8: dict, console: Console) -> None:
+    """Every reason a failed int8 file fails, one line each: its gates, its
+    failed checks and the task-level check (the error line holds them too,
+    but is cut at a length).
+
+    Args:
+        int8: the report's `int8` entry.
+        console: where to print.
+    """
+    for gate in int8["gates"]:
+        verdict = "[green]pass[/]" if gate["passed"] else f"[red]FAIL[/] {escape(gate['problem'])}"
+        console.print(f"int8 gate, {escape(_gate_line(gate))}: {verdict}", soft_wrap=True)
+    for check in int8["checks"]:
+        if not check["passed"]:
+            console.print(
+                f"int8 check, {escape(check['output'])} at {escape(check['shape'])}: "
+                f"[red]FAIL[/] {escape(check['problem'] or '')}",
+                soft_wrap=True,
+            )
+    evaluation = int8["evaluation"]
+    if evaluation is not None and not evaluation["passed"]:
+        summary = evaluation.get("summary", "failed")
+        console.print(f"int8 task-level check: [red]FAIL[/] {escape(summary)}", soft_wrap=True)
+
+
 def int8_summary(int8: dict) -> str:
     """One line on the int8 file: size and how well it agrees with Keras."""
-    gates = "; ".join(
-        f"{gate['output']}: {gate['statistic']} {gate['value']:.2%}"
-        + (f" over {gate['tokens']} tokens" if gate["tokens"] else "")
-        for gate in int8["gates"]
-    )
+    gates = "; ".join(_gate_line(gate) for gate in int8["gates"])
     text = f"{int8['size_ratio']}x the float32 parameter bytes; " + (gates or "no gate")
     if int8["evaluation"] is not None:
         text += f"; {int8['evaluation'].get('summary', '')}"

@@ -891,8 +891,9 @@ class _Pool:
                     f"stable: give a larger grid with {fix('shapes')}, or leave it out (the "
                     "default grid of an int8 export holds enough)"
                 )
-            gate = Gate(name, "top-1 agreement", value, min_top1, tokens, not reasons)
-            found.append(replace(gate, problem="; ".join(reasons) or None))
+            problem = "; ".join(reasons) or None
+            passed = not reasons
+            found.append(Gate(name, "top-1 agreement", value, min_top1, tokens, passed, problem))
         for name, error in self.error.items():
             value = float(np.sqrt(error / max(self.reference[name], 1e-300)))
             passed = value <= INT8_MAX_RELATIVE_ERROR
