@@ -11,10 +11,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from models import save
+from models import save, tied_encoder
 
-from keras_layers.export import ExportOptions, export_model, quantizing, validating
+from keras_layers.export import ExportOptions, export_model, loading, quantizing, validating
 from keras_layers.export.cli import main
+from keras_layers.export.tasks.forward import Forward
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 
@@ -38,6 +39,13 @@ def padded_ids(lengths, width: int = 12):
     """A batch of right-padded ids, one row per true length."""
     ids = np.random.default_rng(4).integers(1, 200, (len(lengths), width)).astype("int32")
     return np.where(np.arange(width) < np.array(lengths)[:, None], ids, 0)
+
+
+def described(model):
+    """The model loaded and described as an export describes it."""
+    loaded = loading.load(model)
+    loaded.inputs, loaded.outputs = Forward().describe(loaded)
+    return loaded
 
 
 def test_each_row_of_the_int8_file_gives_what_it_gives_alone(tmp_path):
@@ -129,3 +137,30 @@ def test_every_reason_the_int8_gates_fail_reaches_the_terminal(tmp_path, capsys)
     for gate in failed:
         reason = " ".join(gate["problem"].split())
         assert any(gate["output"] in line and reason in line for line in lines), (gate, lines)
+
+
+def test_the_default_int8_grid_holds_the_rows_the_gate_needs():
+    """A classifier's top-1 decisions are its rows: the default grid holds 44,
+    so an int8 export's grid adds 1,000 rows of 7 tokens. A language model's
+    are its tokens (3,608 already): nothing is added."""
+    classifier = described(masked_pooling_classifier())
+    plain = validating.default_shapes(classifier)
+    assert sum(shape[0] for shape in plain if shape != validating.PADDED) == 44
+    assert validating.default_shapes(classifier, int8=True) == [*plain[:-1], (1000, 7), "padded"]
+    encoder = described(tied_encoder())
+    assert validating.default_shapes(encoder, int8=True) == validating.default_shapes(encoder)
+
+
+def test_a_classifier_exports_int8_with_default_flags(tmp_path, capsys):
+    """`--quantize int8` and nothing else: the gate judges enough rows (the
+    padded point's empty row NaN in both files), and passes."""
+    model = save(masked_pooling_classifier(), tmp_path / "pool.keras")
+    code = main([str(model), "-o", str(tmp_path / "pool.onnx"), "--quantize", "int8"])
+    terminal = capsys.readouterr()
+    assert code == 0, terminal.out + terminal.err
+    int8 = json.loads((tmp_path / "pool.report.json").read_text())["int8"]
+    (gate,) = int8["gates"]
+    assert gate["statistic"] == "top-1 agreement" and gate["tokens"] >= validating.INT8_MIN_TOKENS
+    assert gate["passed"] and int8["passed"]
+    padded = [check for check in int8["checks"] if check["shape"] == "padded"]
+    assert padded and all(check["passed"] and check["top1_tokens"] == 4 for check in padded)

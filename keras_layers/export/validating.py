@@ -163,10 +163,11 @@ def check_shapes(shapes: list) -> list:
     return list(shapes)
 
 
-def default_shapes(loaded: LoadedModel) -> list:
+def default_shapes(loaded: LoadedModel, int8: bool = False) -> list:
     """Batch 1, 2, 8 x lengths 1, 7, 64, 256, within what the model allows (a
     fixed length, the shortest it accepts, the longest its position tables
-    hold), plus `padded`."""
+    hold), plus `padded`; for an `int8` export, the rows its gate needs too
+    (`int8_rows`)."""
     fixed = [info.shape[1] for info in loaded.inputs if len(info.shape) > 1]
     fixed = [size for size in fixed if size is not None]
     if fixed:
@@ -176,9 +177,48 @@ def default_shapes(loaded: LoadedModel) -> list:
         shortest = min(loaded.min_length, bound)
         lengths = tuple(sorted({max(min(length, bound), shortest) for length in DEFAULT_LENGTHS}))
     shapes = [(batch, length) for batch in DEFAULT_BATCHES for length in lengths]
+    if int8:
+        shapes += int8_rows(loaded, shapes, lengths)
     if takes_padding(loaded):
         shapes.append(PADDED)
     return shapes
+
+
+def int8_rows(loaded: LoadedModel, shapes: list, lengths: tuple) -> list:
+    """The grid point that gives the int8 gate its `INT8_MIN_TOKENS`, when
+    `shapes` give an output fewer: rows of the grid's second length (a few
+    tokens; its only one if fixed), as many as that output needs, within
+    `MAX_GRID_TOKENS`.
+
+    The gate counts an output's top-1 decisions (`_Measures.top1`): one per
+    token of each axis that follows a sequence (a language model's logits:
+    the default grid holds 3,608), else one per row: a classifier's default
+    grid holds 44, and the point adds 1,000 rows.
+
+    Args:
+        loaded: the loaded model, its output axes named (`name_output_axes`).
+        shapes: the grid so far.
+        lengths: its sequence lengths, shortest first.
+
+    Returns:
+        `[(batch, length)]`, or `[]` when every output has enough.
+    """
+    sequences = {info.sequence for info in loaded.inputs}
+
+    def decisions(info, batch: int, length: int) -> int:
+        for name in info.axis_names()[1:-1]:
+            batch *= length if name in sequences else name if isinstance(name, int) else 1
+        return batch
+
+    length = lengths[min(1, len(lengths) - 1)]
+    batch = 0
+    for info in loaded.outputs:
+        if len(info.shape) < 2 or info.shape[-1] == 1:
+            continue  # no top-1: the relative L2 gate, which counts no tokens
+        if sum(decisions(info, *shape) for shape in shapes) < INT8_MIN_TOKENS:
+            batch = max(batch, -(-INT8_MIN_TOKENS // decisions(info, 1, length)))
+    batch = min(batch, MAX_GRID_TOKENS // length)
+    return [(batch, length)] if batch else []
 
 
 def check_shapes_fit(loaded: LoadedModel, shapes: list) -> None:
@@ -764,13 +804,18 @@ def compare(
     dtype = got.dtype if np.issubdtype(got.dtype, np.floating) else np.float64
     got_f, expected_f = got.astype(dtype, copy=False), expected.astype(dtype, copy=False)
     nonfinite = float(np.mean(~np.isfinite(expected_f))) if expected_f.size else 0.0
-    allow_nonfinite = allow_nonfinite or _nonfinite_only_in_empty_rows(expected_f, valid)
+    empty_rows = _nonfinite_only_in_empty_rows(expected_f, valid)
+    allow_nonfinite = allow_nonfinite or empty_rows
     problem = None
     if not (np.isfinite(got_f).all() and nonfinite == 0.0):
         if not _same_nonfinite(got_f, expected_f):
             return failed("NaN or infinity differs", nonfinite)
-        finite = np.isfinite(got_f) & np.isfinite(expected_f)
-        got_f, expected_f = got_f[finite], expected_f[finite]
+        if empty_rows:  # dropped whole: the other rows keep their shape, and a top-1
+            real = valid.any(axis=1)
+            got_f, expected_f, valid = got_f[real], expected_f[real], valid[real]
+        else:
+            finite = np.isfinite(got_f) & np.isfinite(expected_f)
+            got_f, expected_f = got_f[finite], expected_f[finite]
         if not allow_nonfinite:
             problem = (
                 f"Keras' own output is {nonfinite:.1%} NaN or infinity; fix the model, "

@@ -23,8 +23,13 @@ class Forward:
 
     name = "forward"
 
+    def __init__(self) -> None:
+        # Whether an int8 copy is judged on the grid too (`check` reads it).
+        self.int8 = False
+
     def check(self, options: ExportOptions) -> None:
         """Refuse int4: weight-only 4 bits is for decoders, in their folder.
+        Note whether an int8 copy is judged on the grid (`grid`).
 
         Args:
             options: the export's options.
@@ -32,6 +37,7 @@ class Forward:
         Raises:
             UsageError: `quantize` is "int4".
         """
+        self.int8 = options.quantize == "int8"
         if options.quantize == "int4":
             raise UsageError(
                 f"{argument('quantize', options.quantize)}: 4-bit weights are for decoders, "
@@ -62,7 +68,8 @@ class Forward:
 
     def grid(self, loaded: LoadedModel, shapes: list | None) -> list:
         """The caller's grid, checked against the model's position tables, or
-        `validating.default_shapes`.
+        `validating.default_shapes` (with the rows the int8 gate needs, when
+        `check` saw int8 asked).
 
         Args:
             loaded: the loaded model.
@@ -75,7 +82,7 @@ class Forward:
             UsageError: a grid point is longer than the model allows.
         """
         if shapes is None:
-            return validating.default_shapes(loaded)
+            return validating.default_shapes(loaded, self.int8)
         validating.check_shapes_fit(loaded, shapes)
         return shapes
 
