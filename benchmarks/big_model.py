@@ -267,6 +267,9 @@ def measure_streamed(name: str, work: Path, on_grid: bool = False) -> dict:
     folder = work / "folder"
     command = [sys.executable, "export/to_onnx.py", str(model), "--task", "causal-lm"]
     command += ["--quantize", "int4", "-o", f"{folder}/"]
+    # No preprocessor: the end id is any (0, as before one was asked for), and
+    # the rotary positions take the context the folders had (2048).
+    command += ["--end-token-id", "0", "--context-length", "2048"]
     command += ["--weights-dtype", "keep"] if name == "llama-1b" else []
     if on_grid:  # 4 bits hold these weights: the default gate judges
         command += ["--decoder-accuracy-level", "1"]

@@ -30,8 +30,8 @@ generating greedily from the same random prompts:
   family, the JSON holds the reason instead of numbers.
 
 Every genai generator is given `min_length = max_length = prompt + new`, so no
-row stops early at the end id (0 in our folders: a model without preprocessor
-has none); the length each candidate reached is recorded, and so is whether
+row stops early at the end id (0 in our folders, `--end-token-id 0`: a model
+without preprocessor has none); the length each candidate reached is recorded, and so is whether
 keras-hub's new tokens hold that id (where genai must then differ).
 
 Each candidate runs once per round, in turn (the whole generation, then one
@@ -82,6 +82,10 @@ KERAS_HUB_TARGETS = {1: 5.0, 8: 3.0}
 BUILDER_TARGET = 1.1
 # Random weights make the quantized gates meaningless: open them, record the figures.
 OPEN_GATES = ["--decoder-min-agreement", "0", "--decoder-max-nll-change", "1000"]
+# No preprocessor: the end id is any (0, as before one was asked for), and the
+# context holds the longest run (Llama's rotary positions have no table;
+# GPT-2's holds 512).
+ID_FOLDER = ["--end-token-id", "0", "--context-length", "512"]
 # keras-hub's exporter writes no `architectures` for GPT-2; transformers' name for it.
 HF_ARCHITECTURES = {"gpt2": ["GPT2LMHeadModel"]}
 RSS_BATCH = max(BATCHES)
@@ -147,7 +151,7 @@ def _export(saved: Path, out: Path, quantize: str) -> dict:
     from keras_layers.export.cli import main as cli
 
     argv = [str(saved), "--task", "causal-lm", "-o", f"{out}/", "-q", "--quantize", quantize]
-    code = cli(argv + OPEN_GATES)
+    code = cli(argv + OPEN_GATES + ID_FOLDER)
     if code != 0:
         raise RuntimeError(f"the export to {out}/ (--quantize {quantize}) exited {code}")
     return json.loads((out / "report.json").read_text())

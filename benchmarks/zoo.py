@@ -153,10 +153,13 @@ def genai_folder(model, folder: Path) -> dict:
         how many), whether the config shares the cache buffer (then genai
         also ran without), the `GroupQueryAttention` count, or the error.
     """
-    from keras_layers.export import ValidationFailed, export_model
+    from keras_layers.export import ExportOptions, ValidationFailed, export_model
 
+    # The zoo's models have no tokenizer: the end id is any (0, as the folders
+    # had before one was asked for), and their 32 positions the context.
+    settings = ExportOptions(end_token_id=0, context_length=32)
     try:
-        report = export_model(model, f"{folder}/", task="causal-lm")
+        report = export_model(model, f"{folder}/", settings, task="causal-lm")
     except Exception as caught:
         found = {"passed": False, "error": _one_line(caught)}
         report = caught.report if isinstance(caught, ValidationFailed) else None

@@ -593,7 +593,10 @@ def test_every_keras_hub_causal_lm_generates_as_keras_or_is_refused(name, tmp_pa
             export_model(model, output, task="causal-lm")
         assert caught.value.exit_code == 2, caught.value
         return
-    report = export_model(model, f"{tmp_path / name}/", task="causal-lm")
+    # The zoo's models have no tokenizer: the end id is any (0, as the folders
+    # had before one was asked for), and their 32 positions the context.
+    settings = ExportOptions(end_token_id=0, context_length=32)
+    report = export_model(model, f"{tmp_path / name}/", settings, task="causal-lm")
     assert report["passed"]
     names = {entry["name"] for entry in report["inputs"]}
     padded = name not in LOCKSTEP_ONLY

@@ -54,8 +54,10 @@ FOLDER_FILES = {
 }
 
 
-def _lm(kind: str, seed: int = 1):
-    """A tiny keras-hub causal LM with its preprocessor, weights drawn from a fixed seed."""
+def _lm(kind: str, seed: int = 1, sequence_length: int = 32, **changes):
+    """A tiny keras-hub causal LM with its preprocessor (packing
+    `sequence_length` tokens), weights drawn from a fixed seed; `changes`
+    replace the backbone's sizes."""
     keras.utils.set_random_seed(seed)
     tokenizer_class, backbone_class, task_class, preprocessor_class, sizes = {
         "gpt2": (
@@ -86,9 +88,9 @@ def _lm(kind: str, seed: int = 1):
         num_layers=2,
         hidden_dim=16,
         intermediate_dim=32,
-        **sizes,
+        **{**sizes, **changes},
     )
-    preprocessor = preprocessor_class(tokenizer, sequence_length=32)
+    preprocessor = preprocessor_class(tokenizer, sequence_length=sequence_length)
     return task_class(backbone, preprocessor=preprocessor)
 
 
@@ -104,14 +106,17 @@ def _keras_hub_greedy(lm, ids: list, new: int) -> list:
     return np.asarray(out["token_ids"])[0, :length].tolist()
 
 
-def _genai(folder, prompt: str, new: int) -> tuple:
-    """What a user gets from the folder: the prompt's ids and greedy tokens."""
+def _genai(folder, prompt: str, new: int, as_configured: bool = False) -> tuple:
+    """What a user gets from the folder: the prompt's ids and greedy tokens
+    (or, `as_configured`, the tokens of the config's search, as the docs'
+    snippet runs it, setting only `max_length`)."""
     model = og.Model(str(folder))
     tokenizer = og.Tokenizer(model)
     tokenizer.update_options(add_special_tokens="true")
     ids = [int(i) for i in tokenizer.encode(prompt)]
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(ids) + new, do_sample=False)
+    search = {} if as_configured else {"do_sample": False}
+    params.set_search_options(max_length=len(ids) + new, **search)
     generator = og.Generator(model, params)
     generator.append_tokens(ids)
     while not generator.is_done():
@@ -368,8 +373,10 @@ def test_the_decoder_gate_fails_the_file_of_another_model(tmp_path):
     assert not strict["passed"] and strict["failure"].startswith("mean |log p change|")
 
 
-@pytest.mark.slow
-def test_a_model_without_preprocessor_gives_a_folder_of_ids_through_export_model(tmp_path):
+def _ids_lm():
+    """A tiny GPT-2 without preprocessor (ids in, ids out), whose greedy
+    tokens after the check prompts hold id 0 (seed 1)."""
+    keras.utils.set_random_seed(1)
     backbone = keras_hub.models.GPT2Backbone(
         vocabulary_size=64,
         num_layers=1,
@@ -378,12 +385,186 @@ def test_a_model_without_preprocessor_gives_a_folder_of_ids_through_export_model
         intermediate_dim=16,
         max_sequence_length=32,
     )
-    lm = keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
-    report = export_model(lm, f"{tmp_path}/ids/", task="causal-lm")  # a folder: ends in /
+    return keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
+
+
+def test_a_model_without_preprocessor_needs_the_end_id_it_is_given(tmp_path):
+    """No tokenizer says which id ends a sequence, and genai stops at the
+    config's end id (0 when none is written, as the folder had): the export
+    is refused naming `end_token_id`, then writes the id given as the start,
+    end and pad ids, and genai runs past token 0."""
+    lm = _ids_lm()
+    with pytest.raises(UsageError, match=r"end_token_id: the model has no preprocessor"):
+        export_model(lm, f"{tmp_path}/refused/", task="causal-lm")
+    assert not (tmp_path / "refused").exists()
+    options = ExportOptions(end_token_id=63)
+    report = export_model(lm, f"{tmp_path}/ids/", options, task="causal-lm")  # ends in /: a folder
     names = {path.name for path in (tmp_path / "ids").iterdir()}
     assert names == {"model.onnx", "genai_config.json", "report.json"}
+    config = json.loads((tmp_path / "ids" / "genai_config.json").read_text())["model"]
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (63, 63, 63)
+    assert report["folder"]["chosen"]["end_token_id_from"] == "end_token_id, as given"
     rows = report["folder"]["genai"]
     assert rows and all(row["tokens_equal"] and row["prompt"] is None for row in rows)
+    # Keras' greedy tokens hold a 0 that is not the end: genai goes past it.
+    new = [row["keras"]["tokens"][len(row["keras"]["ids"]) :] for row in rows]
+    past_zero = [row for row, tokens in zip(rows, new, strict=True) if 0 in tokens[:-1]]
+    assert past_zero and all(
+        len(row["genai"]["tokens"]) == len(row["keras"]["tokens"]) for row in past_zero
+    )
+    # A model in memory, compiled by keras-hub with top_k when made: greedy all the same.
+    assert report["folder"]["config"]["search"]["do_sample"] is False
+
+
+@pytest.fixture(scope="module")
+def from_file(tmp_path_factory):
+    """A GPT-2 of 128 positions with a preprocessor that packs 64 tokens,
+    compiled with the greedy sampler: in memory, its `.keras` file, and the
+    folder the command exports from the file with no other flag."""
+    lm = _lm("gpt2", sequence_length=64, max_sequence_length=128)
+    lm.compile(sampler="greedy")
+    saved = tmp_path_factory.mktemp("from_file") / "gpt2.keras"
+    lm.save(saved)
+    folder = saved.parent / "folder"
+    assert main([str(saved), "--task", "causal-lm", "-o", f"{folder}/", "-q"]) == 0
+    return lm, saved, folder
+
+
+def test_a_folder_exported_from_a_file_decodes_greedily(from_file):
+    """A `.keras` file keeps no compiled sampler (keras-hub compiles every
+    task with top_k, k=5, when it is made): the model compiled greedy, saved
+    and exported from its file gets a greedy search, and genai run as the
+    docs' snippet runs it (only `max_length` set) gives keras-hub's greedy
+    tokens, the same on every run."""
+    lm, _, folder = from_file
+    search = json.loads((folder / "genai_config.json").read_text())["search"]
+    assert search["do_sample"] is False and search["top_k"] == 1
+    chosen = json.loads((folder / "report.json").read_text())["folder"]["chosen"]
+    assert chosen["sampler"] == "greedy" and chosen["sampler_from"].startswith("the default")
+    ids, tokens = _genai(folder, PROMPTS[0], NEW, as_configured=True)
+    assert _genai(folder, PROMPTS[0], NEW, as_configured=True) == (ids, tokens)
+    end = lm.preprocessor.tokenizer.end_token_id
+    expected = _keras_hub_greedy(lm, ids, NEW)
+    assert tokens == expected[: len(tokens)]
+    assert len(tokens) == len(expected) or expected[len(tokens)] == end
+
+
+def test_the_sampler_flag_writes_keras_hubs_top_k_into_the_folder(from_file, tmp_path):
+    _, saved, _ = from_file
+    folder = tmp_path / "top_k"
+    argv = [str(saved), "--task", "causal-lm", "-o", f"{folder}/", "-q", "--sampler", "top_k"]
+    assert main(argv) == 0
+    search = json.loads((folder / "genai_config.json").read_text())["search"]
+    assert (search["do_sample"], search["top_k"], search["top_p"]) == (True, 5, 1.0)
+    assert search["temperature"] == 1.0
+    chosen = json.loads((folder / "report.json").read_text())["folder"]["chosen"]
+    assert (chosen["sampler"], chosen["sampler_from"]) == ("top_k", "sampler, as given")
+
+
+GREEDY = {"do_sample": False, "top_k": 1, "top_p": 1.0, "temperature": 1.0}
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ({}, GREEDY),
+        ({"sampler": "greedy"}, GREEDY),
+        ({"sampler": "top_k"}, {"do_sample": True, "top_k": 5, "top_p": 1.0, "temperature": 1.0}),
+        (
+            {"sampler": "top_k", "top_k": 40, "temperature": 0.7},
+            {"do_sample": True, "top_k": 40, "top_p": 1.0, "temperature": 0.7},
+        ),
+        ({"sampler": "top_p"}, {"do_sample": True, "top_k": 0, "top_p": 0.1, "temperature": 1.0}),
+        (
+            {"sampler": "top_p", "top_p": 0.9, "temperature": 2},
+            {"do_sample": True, "top_k": 0, "top_p": 0.9, "temperature": 2.0},
+        ),
+    ],
+)
+def test_the_search_is_greedy_unless_a_sampler_is_given(given, expected):
+    """genai samples top-k where top_k > 1, top-p where top_k is 0; the
+    numbers not given are keras-hub's samplers' defaults."""
+    search = genai_folder.search_settings(ExportOptions(**given), 96, shared=False)
+    assert {name: search[name] for name in expected} == expected
+    assert search["max_length"] == 96 and search["num_beams"] == 1
+
+
+def test_the_context_is_the_models_position_table_not_the_preprocessors_length(from_file):
+    """The GPT-2 holds 128 positions and was saved with a preprocessor that
+    packs 64 tokens: the folder's context is 128, and genai runs a sequence
+    of 74 tokens, keras-hub's greedy ones up to its end token."""
+    lm, _, folder = from_file
+    config = json.loads((folder / "genai_config.json").read_text())
+    assert config["model"]["context_length"] == 128 and config["search"]["max_length"] == 128
+    chosen = json.loads((folder / "report.json").read_text())["folder"]["chosen"]
+    assert chosen["context_length_from"] == "the position table of position_embedding"
+    model = og.Model(str(folder))
+    tokenizer = og.Tokenizer(model)
+    tokenizer.update_options(add_special_tokens="true")
+    ids = [int(i) for i in tokenizer.encode(PROMPTS[0])]
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=74, min_length=74, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(ids)
+    while not generator.is_done():
+        generator.generate_next_token()
+    tokens = [int(i) for i in generator.get_sequence(0)]
+    assert len(tokens) == 74
+    expected = _keras_hub_greedy(lm, ids, 74 - len(ids))
+    end = lm.preprocessor.tokenizer.end_token_id
+    kept = expected.index(end, len(ids)) if end in expected[len(ids) :] else len(expected)
+    assert tokens[:kept] == expected[:kept]  # min_length holds genai past the end token
+
+
+def test_a_context_longer_than_the_position_table_exits_2_naming_it(from_file, tmp_path, capsys):
+    _, saved, _ = from_file
+    argv = [str(saved), "--task", "causal-lm", "-o", f"{tmp_path}/long/", "--context-length", "129"]
+    assert main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "--context-length 129: the model's position table (position_embedding) holds 128" in err
+    assert not (tmp_path / "long").exists()
+
+
+def test_rotary_positions_take_the_context_length_given(tmp_path, capsys):
+    """Llama 3's rotary positions have no table, and without a preprocessor
+    nothing gives a length: exit 2 naming --context-length, before any
+    conversion; the length given is the config's, beside the grouped-query
+    sizes (4 query heads over 2 key/value heads: hidden size 4 x 8)."""
+    keras.utils.set_random_seed(2)
+    backbone = keras_hub.models.Llama3Backbone(
+        vocabulary_size=64,
+        num_layers=1,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+    )
+    saved = tmp_path / "llama.keras"
+    keras_hub.models.Llama3CausalLM(backbone, preprocessor=None).save(saved)
+    argv = [str(saved), "--task", "causal-lm", "-o", f"{tmp_path}/llama/", "--end-token-id", "63"]
+    assert main(argv) == EXIT_USAGE
+    assert "--context-length: the model's positions have no table" in capsys.readouterr().err
+    assert not (tmp_path / "llama").exists()
+    loaded = loading.load(saved)
+    decoder = causal_lm.describe(loaded)
+    assert genai_folder.position_limit(loaded) == (None, None)
+    context, _ = genai_folder.context_of(loaded, None, 48)
+    search = genai_folder.search_settings(ExportOptions(), context, shared=True)
+    ids = genai_folder.special_ids(None, decoder.vocabulary, 63)
+    heads = genai_folder.query_heads(loaded.model, decoder)
+    config = genai_folder.genai_config(decoder, ids, context, search, heads)
+    assert config["model"]["context_length"] == 48 and config["search"]["max_length"] == 48
+    sizes = ("num_attention_heads", "num_key_value_heads", "hidden_size", "head_size")
+    assert tuple(config["model"]["decoder"][name] for name in sizes) == (4, 2, 32, 8)
+
+
+def test_the_folders_settings_are_refused_for_a_file(tmp_path):
+    with pytest.raises(UsageError, match=r"context_length=64: sets the genai folder's"):
+        export_model("never read.keras", tmp_path / "x.onnx", ExportOptions(context_length=64))
+    with pytest.raises(UsageError, match=r"only with task='causal-lm' and a folder output"):
+        options = ExportOptions(sampler="top_k")
+        export_model("never read.keras", tmp_path / "x.onnx", options, task="causal-lm")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(
@@ -396,8 +577,47 @@ def test_a_model_without_preprocessor_gives_a_folder_of_ids_through_export_model
             ["--task", "causal-lm", "-o", "{tmp}/out/", "--decoder-min-agreement", "1.5"],
             "--decoder-min-agreement",
         ),
+        (["--sampler", "top_k"], "--sampler top_k: sets the genai folder's genai_config.json"),
+        (
+            ["--task", "causal-lm", "-o", "{tmp}/out.onnx", "--context-length", "64"],
+            "only with --task causal-lm and a folder output (-o FOLDER/)",
+        ),
+        (
+            ["--task", "causal-lm", "-o", "{tmp}/out/", "--top-k", "3"],
+            "--top-k 3: a number of the top_k sampler; add --sampler top_k",
+        ),
+        (
+            ["--sampler", "greedy", "--temperature", "2"],
+            "--temperature 2.0: a number of the top_k or top_p sampler",
+        ),
+        (
+            ["--task", "causal-lm", "-o", "{tmp}/out/", "--sampler", "top_p", "--top-p", "1.5"],
+            "--top-p 1.5: give a number in (0, 1]",
+        ),
+        (
+            ["--task", "causal-lm", "-o", "{tmp}/out/", "--end-token-id", "-1"],
+            "--end-token-id -1: give a token id >= 0",
+        ),
+        (
+            ["--task", "causal-lm", "-o", "{tmp}/out/", "--context-length", "1"],
+            "--context-length 1: give a whole number >= 2",
+        ),
+        (["{tmp}/lm.onnx", "--check-only", "--sampler", "top_p"], "--sampler top_p: sets"),
     ],
-    ids=["forward task", "report elsewhere", "external data", "agreement over 1"],
+    ids=[
+        "forward task",
+        "report elsewhere",
+        "external data",
+        "agreement over 1",
+        "sampler for a file",
+        "context for a file",
+        "top-k without its sampler",
+        "temperature of greedy",
+        "top-p over 1",
+        "negative end id",
+        "context of 1",
+        "sampler with check-only",
+    ],
 )
 def test_what_a_folder_does_not_take_exits_2_before_any_work(tmp_path, capsys, flags, words):
     model = tmp_path / "lm.keras"
@@ -408,15 +628,30 @@ def test_what_a_folder_does_not_take_exits_2_before_any_work(tmp_path, capsys, f
     assert not (tmp_path / "out").exists()
 
 
+def _preprocessor(start, end, pad):
+    """A stand-in preprocessor whose tokenizer has these ids."""
+    tokenizer = type("Tokenizer", (), {"start_token_id": start, "end_token_id": end})()
+    tokenizer.pad_token_id = pad
+    return type("Preprocessor", (), {"tokenizer": tokenizer})()
+
+
 def test_special_ids_outside_the_vocabulary_are_refused():
-    class Tokenizer:
-        start_token_id, end_token_id, pad_token_id = 1, 99, 0
-
-    class Preprocessor:
-        tokenizer = Tokenizer()
-
     with pytest.raises(UsageError, match="eos id 99 lies outside the decoder's vocabulary of 50"):
-        genai_folder.special_ids(Preprocessor(), 50)
+        genai_folder.special_ids(_preprocessor(1, 99, 0), 50)
+    with pytest.raises(UsageError, match="end_token_id=50: outside the decoder's vocabulary"):
+        genai_folder.special_ids(None, 50, 50)
+
+
+def test_the_end_id_given_is_the_tokenizers_or_fills_its_gap():
+    ids = genai_folder.special_ids
+    assert ids(_preprocessor(1, 2, 0), 50) == genai_folder.SpecialIds(1, 2, 0)
+    assert ids(_preprocessor(1, 2, 0), 50, 2) == genai_folder.SpecialIds(1, 2, 0)
+    with pytest.raises(UsageError, match="end_token_id=7: the preprocessor's Tokenizer ends at 2"):
+        ids(_preprocessor(1, 2, 0), 50, 7)
+    with pytest.raises(UsageError, match="Tokenizer has no end token"):
+        ids(_preprocessor(1, None, 0), 50)
+    assert ids(_preprocessor(None, None, None), 50, 7) == genai_folder.SpecialIds(7, 7, 7)
+    assert ids(None, 50, 7) == genai_folder.SpecialIds(7, 7, 7)
 
 
 def test_a_folder_path_is_told_by_its_slash_or_an_existing_folder(tmp_path):

@@ -35,6 +35,9 @@ pytestmark = [
 # A tiny random model's greedy tokens barely survive 4 bits: the gate is
 # opened here, and the test compares the two exports' figures instead.
 OPEN_GATE = {"decoder_min_agreement": 0.0, "decoder_max_nll_change": 10.0}
+# A model without preprocessor has no end id, and rotary positions no
+# length: any id, and a context that holds the gate's 48 held-out ids.
+ROTARY_IDS_FOLDER = {"end_token_id": 0, "context_length": 64}
 
 
 def _bf16_llama3(vocabulary: int, hidden_dim: int):
@@ -152,7 +155,7 @@ def test_a_tied_output_projection_is_quantized_as_the_float32_path_does(tmp_path
     keras_hub.models.GPT2CausalLM(backbone, preprocessor=None).save(path)
     found = []
     for dtype in ("float32", "keep"):
-        options = ExportOptions(quantize="int4", weights_dtype=dtype, **OPEN_GATE)
+        options = ExportOptions(quantize="int4", weights_dtype=dtype, end_token_id=0, **OPEN_GATE)
         genai_folder.export_folder(path, tmp_path / dtype, options)
         found.append(_quantized_weights(tmp_path / dtype / "int4" / "model.onnx"))
     assert sum(found[1].values()) == 7  # 6 projections, and the tied output
@@ -209,7 +212,9 @@ def grid_llama(tmp_path_factory):
 def _streamed_on_grid(path, folder, **gate) -> dict:
     """The int4 gate's figures of `path` streamed at accuracy level 1 (the
     gate at its defaults, or `gate`); and every MatMulNBits' accuracy level."""
-    options = ExportOptions(quantize="int4", weights_dtype="keep", decoder_accuracy_level=1, **gate)
+    options = ExportOptions(
+        quantize="int4", weights_dtype="keep", decoder_accuracy_level=1, **ROTARY_IDS_FOLDER, **gate
+    )
     report = genai_folder.export_folder(path, folder, options)
     proto = onnx.load(folder / "int4" / "model.onnx", load_external_data=False)
     levels = [a.i for n in proto.graph.node for a in n.attribute if a.name == "accuracy_level"]

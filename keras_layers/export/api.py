@@ -35,7 +35,9 @@ def export_model(
             onnxruntime-genai runs.
         options: an `ExportOptions` (default: every default);
             `preprocessor=True` exports a keras-hub text task with its
-            preprocessor as one file that takes strings.
+            preprocessor as one file that takes strings; the folder's
+            settings (`sampler`, `context_length`, `end_token_id`, ...) are
+            refused for any other output.
         task: `"forward"` or `"causal-lm"` (`pipeline.export_model` says what each
             exports and checks).
         progress: called with a `pipeline.StageEvent` as each stage starts and
@@ -53,6 +55,7 @@ def export_model(
             disagree; nothing at the output paths was changed.
     """
     options = pipeline.checked_options(options)
+    genai_folder.refuse_folder_options(options, task, output)
     if options.preprocessor:
         if task != "forward":
             raise UsageError(

@@ -46,6 +46,12 @@ FLAGS = {
     "onnx_path": "FILE.onnx",
     "preprocessor": "--with-preprocessor",
     "text_pairs": "--text-pairs",
+    "sampler": "--sampler",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+    "temperature": "--temperature",
+    "context_length": "--context-length",
+    "end_token_id": "--end-token-id",
 }
 FIXES = {
     "unsafe": "--unsafe",
@@ -143,6 +149,7 @@ def parser(prog: str, demo_dir: Path) -> argparse.ArgumentParser:
     _add_checks(p)
     _add_conversion(p)
     _add_quantization(p)
+    _add_folder(p)
     _add_inputs(p)
     _add_text(p)
     _add_command(p)
@@ -312,6 +319,60 @@ def _add_quantization(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_folder(p: argparse.ArgumentParser) -> None:
+    """--sampler, --top-k, --top-p, --temperature, --context-length,
+    --end-token-id: what the genai folder's genai_config.json says."""
+    from keras_layers.export.generation import SAMPLERS
+    from keras_layers.export.options import SAMPLER_DEFAULTS
+
+    only = "only with --task causal-lm -o FOLDER/"
+    p.add_argument(
+        "--sampler",
+        choices=SAMPLERS,
+        help="the search genai_config.json sets, what onnxruntime-genai does unless its caller "
+        "sets another (default greedy: the model's compiled sampler is not kept in a .keras "
+        f"file); {only}",
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        metavar="K",
+        help="with --sampler top_k: the most likely tokens kept "
+        f"(default {SAMPLER_DEFAULTS['top_k']}, keras-hub's)",
+    )
+    p.add_argument(
+        "--top-p",
+        type=float,
+        metavar="P",
+        help="with --sampler top_p: probability mass kept, in (0, 1] "
+        f"(default {SAMPLER_DEFAULTS['top_p']:g}, keras-hub's)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        metavar="T",
+        help="with --sampler top_k or top_p: the logits' temperature "
+        f"(default {SAMPLER_DEFAULTS['temperature']:g})",
+    )
+    p.add_argument(
+        "--context-length",
+        type=int,
+        metavar="N",
+        help="genai_config.json's context_length, the longest sequence genai runs (default: the "
+        "model's position table; for rotary positions, which have no table, the preprocessor's "
+        "sequence length, and needed without a preprocessor); at most the position table; "
+        f"{only}",
+    )
+    p.add_argument(
+        "--end-token-id",
+        type=int,
+        metavar="ID",
+        help="the id generation ends at, written as the start, end and pad ids: needed for a "
+        "model saved without preprocessor (genai would stop at token 0); with one, its "
+        f"tokenizer's is written; {only}",
+    )
+
+
 def _add_inputs(p: argparse.ArgumentParser) -> None:
     """--input, --no-memory-check, --allow-nonfinite: overrides of what is
     read from the model or the machine."""
@@ -449,6 +510,7 @@ def _export(args, demo_dir: Path, console) -> tuple[dict, float]:
     from keras_layers.export.api import export_model
     from keras_layers.export.display import StageDisplay
     from keras_layers.export.errors import UsageError, command_line_wording
+    from keras_layers.export.genai_folder import refuse_folder_options
 
     with StageDisplay(console, quiet=args.quiet) as display, command_line_wording(FLAGS, FIXES):
         model, evaluate = args.model, None
@@ -465,6 +527,7 @@ def _export(args, demo_dir: Path, console) -> tuple[dict, float]:
             )
         _check_text_flags(args)
         options = _options(args)
+        refuse_folder_options(options, args.task, args.output)
         if model is None:
             model, extra, evaluate = _demo(args, demo_dir, display)
             options = replace(options, extra_report=extra)
@@ -585,6 +648,7 @@ def _check_only(args, demo_dir: Path, console) -> tuple[dict, float]:
     from keras_layers.export.checking import validate
     from keras_layers.export.display import StageDisplay
     from keras_layers.export.errors import UsageError, command_line_wording
+    from keras_layers.export.genai_folder import refuse_folder_options
 
     del demo_dir
     refused = [
@@ -605,9 +669,9 @@ def _check_only(args, demo_dir: Path, console) -> tuple[dict, float]:
             f"[bold]Checking[/] {escape(str(args.onnx_path))} against {escape(str(args.model))}"
         )
         start = time.perf_counter()
-        report = validate(
-            args.model, args.onnx_path, _options(args), task=args.task, progress=display
-        )
+        options = _options(args)
+        refuse_folder_options(options, args.task, None)  # it writes no folder
+        report = validate(args.model, args.onnx_path, options, task=args.task, progress=display)
     return report, time.perf_counter() - start
 
 

@@ -12,8 +12,11 @@ tokenizer files. `export_folder` builds that folder as one transaction:
 3. tokenizer: the preprocessor's tokenizer files, through the tokenizer gate
    (`tokenizer_files.export_tokenizer`: proved token-identical or refused);
 4. config: `genai_config.json` (`genai_config`): the decoder's names and
-   sizes, the start, end and pad ids, the context length, and search defaults
-   read from the model's sampler;
+   sizes, the start, end and pad ids (`special_ids`: the tokenizer's, or
+   `end_token_id`), the context length (`context_of`: the model's position
+   table, else the preprocessor's length, or `context_length`), and the
+   search (`search_settings`: greedy unless `sampler` names another; the
+   model's compiled sampler is not read);
 5. prove with the runtime users run (`prove_folder`): with
    onnxruntime-genai installed, its tokenizer must give keras-hub's prompt ids
    (start token included: genai adds special tokens only after
@@ -65,6 +68,7 @@ from keras_layers.export import (
     causal_lm,
     decoder_gate,
     generation,
+    inputs,
     loading,
     memory,
     pipeline,
@@ -74,7 +78,7 @@ from keras_layers.export import (
 )
 from keras_layers.export.errors import OutputError, UsageError, ValidationFailed, argument
 from keras_layers.export.graph import weights
-from keras_layers.export.options import ACCURACY_LEVEL, ExportOptions
+from keras_layers.export.options import ACCURACY_LEVEL, SAMPLER_DEFAULTS, ExportOptions
 from keras_layers.export.pipeline import checked_options, export_model
 from keras_layers.export.tokenizer_files.gate import check_folder, export_tokenizer
 
@@ -118,28 +122,52 @@ class SpecialIds:
     pad: int
 
 
-def special_ids(preprocessor, vocabulary: int) -> SpecialIds:
-    """The start, end and pad ids of the preprocessor's tokenizer.
+def special_ids(preprocessor, vocabulary: int, end_token_id: int | None = None) -> SpecialIds:
+    """The start, end and pad ids: the preprocessor's tokenizer's, or
+    `end_token_id` as all three.
+
+    onnxruntime-genai stops at the config's end id, and takes 0 where none is
+    written (it refuses one outside the vocabulary): an end id no one chose
+    would end generation at a real token. So a model without preprocessor
+    needs `end_token_id`.
 
     Args:
-        preprocessor: the causal LM's preprocessor, or None.
+        preprocessor: the causal LM's preprocessor, or None (the folder then
+            has no tokenizer: genai takes ids, not text).
         vocabulary: the decoder's vocabulary size (the ids must lie in it).
+        end_token_id: the end id the caller gives (`ExportOptions.end_token_id`):
+            needed without a preprocessor, or when its tokenizer has no end
+            token; where the tokenizer has one, a different id is refused.
 
     Returns:
-        The ids; without a preprocessor, every one is 0 and the folder has no
-        tokenizer (genai then takes ids, not text).
+        The ids.
 
     Raises:
-        UsageError: the tokenizer has no end token, or an id outside the vocabulary.
+        UsageError: no end id is known, a given one differs from the
+            tokenizer's, or an id lies outside the vocabulary.
     """
-    if preprocessor is None:
-        return SpecialIds(0, 0, 0)
-    tokenizer = preprocessor.tokenizer
-    end = getattr(tokenizer, "end_token_id", None)
-    if end is None:
+    if end_token_id is not None and end_token_id >= vocabulary:
         raise UsageError(
-            f"{type(tokenizer).__name__} has no end token: onnxruntime-genai needs the id it "
-            "stops at (give the tokenizer an end_token)"
+            f"{argument('end_token_id', end_token_id)}: outside the decoder's vocabulary of "
+            f"{vocabulary}; give an id below it"
+        )
+    tokenizer = getattr(preprocessor, "tokenizer", None)
+    end = getattr(tokenizer, "end_token_id", None)
+    if end is not None and end_token_id is not None and int(end) != end_token_id:
+        raise UsageError(
+            f"{argument('end_token_id', end_token_id)}: the preprocessor's "
+            f"{type(tokenizer).__name__} ends at {end}, as the folder's tokenizer files do; "
+            "leave this out"
+        )
+    end = end_token_id if end is None else end
+    if end is None:
+        what = f"{type(tokenizer).__name__} has no end token"
+        what = "the model has no preprocessor" if preprocessor is None else what
+        raise UsageError(
+            f"{argument('end_token_id')}: {what}, so nothing says which id ends a sequence, and "
+            "onnxruntime-genai stops at the config's end id (at 0 when none is written); give "
+            f"{argument('end_token_id', 'ID')}, the id your tokenizer ends with (written as the "
+            "start, end and pad ids)"
         )
     start = getattr(tokenizer, "start_token_id", None)
     pad = getattr(tokenizer, "pad_token_id", None)
@@ -155,13 +183,27 @@ def special_ids(preprocessor, vocabulary: int) -> SpecialIds:
     return ids
 
 
-def _search(model, context_length: int, shared: bool) -> dict:
-    """Search defaults from the model's keras-hub sampler (greedy when none);
-    `shared`: the decoder may share its past and present buffers."""
-    sampler = getattr(model, "sampler", None)
-    name = type(sampler).__name__ if sampler is not None and not isinstance(sampler, str) else ""
-    name = name or str(sampler or "greedy")
-    search = {
+def search_settings(options: ExportOptions, context_length: int, shared: bool) -> dict:
+    """The search the folder's config sets: greedy, unless `options.sampler`
+    names another (with keras-hub's numbers where none is given).
+
+    The model's compiled sampler is not read: a `.keras` file does not keep
+    it, and keras-hub compiles every task with top-k (k=5) when it is made,
+    so a model's sampler does not say whether its user chose one.
+
+    Args:
+        options: the export's options (`sampler`, `top_k`, `top_p`, `temperature`).
+        context_length: the folder's context length, genai's default `max_length`.
+        shared: the decoder may share its past and present buffers.
+
+    Returns:
+        genai's `search` entries.
+    """
+    numbers = {
+        name: default if getattr(options, name) is None else getattr(options, name)
+        for name, default in SAMPLER_DEFAULTS.items()
+    }
+    found = {
         "do_sample": False,
         "num_beams": 1,
         "num_return_sequences": 1,
@@ -169,15 +211,111 @@ def _search(model, context_length: int, shared: bool) -> dict:
         "min_length": 0,
         "past_present_share_buffer": shared,
         "repetition_penalty": 1.0,
-        "temperature": float(getattr(sampler, "temperature", 1.0) or 1.0),
+        "temperature": 1.0,
         "top_k": 1,
         "top_p": 1.0,
     }
-    if "TopK" in name or name == "top_k":
-        search.update(do_sample=True, top_k=int(getattr(sampler, "k", 50)))
-    elif "TopP" in name or name == "top_p":
-        search.update(do_sample=True, top_k=0, top_p=float(getattr(sampler, "p", 0.9)))
-    return search
+    # genai samples top-k where top_k > 1 (top_p 1), top-p where top_k is 0.
+    if options.sampler == "top_k":
+        found.update(do_sample=True, top_k=int(numbers["top_k"]))
+    elif options.sampler == "top_p":
+        found.update(do_sample=True, top_k=0, top_p=float(numbers["top_p"]))
+    if found["do_sample"]:
+        found["temperature"] = float(numbers["temperature"])
+    return found
+
+
+def position_limit(loaded) -> tuple[int | None, str | None]:
+    """The longest sequence the model's position tables allow, and the layer
+    that says so; `(None, None)` when no table bounds it (rotary positions).
+
+    `loaded.max_length` reads every layer's `sequence_length`, the
+    preprocessor's packing length among them (keras-hub saves it with the
+    task); where that is what bounds it, the backbone's own bound is read.
+
+    Args:
+        loaded: the loaded causal LM.
+
+    Returns:
+        The bound and its layer's name.
+    """
+    preprocessor = getattr(loaded.model, "preprocessor", None)
+    if preprocessor is None:
+        return loaded.max_length, loaded.max_length_source
+    names = {layer.name for layer in preprocessor._flatten_layers(include_self=True)}
+    if loaded.max_length_source not in names:
+        return loaded.max_length, loaded.max_length_source
+    backbone = getattr(loaded.model, "backbone", None)
+    return inputs.max_sequence_length(backbone) if backbone is not None else (None, None)
+
+
+def context_of(loaded, preprocessor, asked: int | None) -> tuple[int, str]:
+    """The folder's context length and where it comes from.
+
+    Args:
+        loaded: the loaded causal LM.
+        preprocessor: its preprocessor, or None.
+        asked: `ExportOptions.context_length`, or None.
+
+    Returns:
+        `asked`, else the model's position table's length (`position_limit`),
+        else (rotary positions) the preprocessor's `sequence_length`; and
+        what gave it, for the report.
+
+    Raises:
+        UsageError: `asked` exceeds the position table, or nothing gives a
+            length (rotary positions and no preprocessor).
+    """
+    limit, source = position_limit(loaded)
+    if limit is not None and asked is not None and asked > limit:
+        raise UsageError(
+            f"{argument('context_length', asked)}: the model's position table ({source}) holds "
+            f"{limit} positions; give at most {limit}, or leave it out"
+        )
+    if asked is not None:
+        return asked, "context_length, as given"
+    if limit is not None:
+        return limit, f"the position table of {source}"
+    packing = getattr(preprocessor, "sequence_length", None)
+    if isinstance(packing, int) and packing > 0:
+        return packing, "the preprocessor's sequence_length (the positions have no table)"
+    raise UsageError(
+        f"{argument('context_length')}: the model's positions have no table (rotary) and it has "
+        "no preprocessor, so nothing says how long a sequence it runs; give "
+        f"{argument('context_length', 'N')}, at most the length it was trained for"
+    )
+
+
+_GREEDY_BY_DEFAULT = (
+    "the default: greedy, since the model's compiled sampler is not kept in a .keras file and "
+    "keras-hub compiles every task with top_k when it is made"
+)
+# The options only a folder takes: its genai_config.json's.
+FOLDER_OPTIONS = ("sampler", "top_k", "top_p", "temperature", "context_length", "end_token_id")
+
+
+def refuse_folder_options(options: ExportOptions, task: str, output) -> None:
+    """Refuse a folder's option (`FOLDER_OPTIONS`) given to an export that
+    writes no folder, before any work.
+
+    Args:
+        options: the export's options.
+        task: the export's task.
+        output: its output path, or None (a file beside the model).
+
+    Raises:
+        UsageError: the first such option given, named.
+    """
+    if task == "causal-lm" and output is not None and is_folder(output):
+        return
+    for name in FOLDER_OPTIONS:
+        value = getattr(options, name)
+        if value is not None:
+            raise UsageError(
+                f"{argument(name, value)}: sets the genai folder's genai_config.json; only with "
+                f"{argument('task', 'causal-lm')} and a folder output "
+                f"({argument('output', 'FOLDER/')}); leave it out"
+            )
 
 
 def why_no_shared_buffer(path) -> str | None:
@@ -297,7 +435,9 @@ def _prompt_ids(preprocessor, prompts, context: int, dtype) -> list:
     return kept
 
 
-def expectations(loaded, decoder, prompts, new_tokens: int, context: int) -> list:
+def expectations(
+    loaded, decoder, prompts, new_tokens: int, context: int, end: int | None = None
+) -> list:
     """keras-hub's prompt ids and Keras' greedy tokens and text, per prompt.
 
     Args:
@@ -308,13 +448,16 @@ def expectations(loaded, decoder, prompts, new_tokens: int, context: int) -> lis
         new_tokens: greedy tokens after each prompt, at most (fewer when the
             longest prompt leaves less room in the context).
         context: the folder's context length.
+        end: the folder's end id, which no prompt of ids holds (a model
+            without preprocessor): genai reads a prompt's trailing pad id,
+            the end id here, as padding.
 
     Returns:
         One `_Expected` per prompt kept.
     """
     preprocessor = getattr(loaded.model, "preprocessor", None)
     if preprocessor is None:  # ids in, ids out: prompts of ids, no text
-        return _id_expectations(loaded, decoder, min(new_tokens, context - 9))
+        return _id_expectations(loaded, decoder, min(new_tokens, context - 9), end)
     kept = _prompt_ids(preprocessor, prompts, context, decoder.ids_dtype)
     if not kept:
         return []
@@ -336,10 +479,11 @@ def _until_end(tokens: list, end: int) -> list:
     return tokens[: tokens.index(end)] if end in tokens else tokens
 
 
-def _id_expectations(loaded, decoder, new_tokens: int) -> list:
+def _id_expectations(loaded, decoder, new_tokens: int, end: int | None) -> list:
     expected = []
     for length in (5, 9, 1):
-        ids = (np.arange(1, length + 1) * 7 % decoder.vocabulary).astype(decoder.ids_dtype)
+        ids = np.arange(1, length + 1) * 7 % decoder.vocabulary
+        ids = np.where(ids == end, (ids + 1) % decoder.vocabulary, ids).astype(decoder.ids_dtype)
         mask = np.ones((1, length), bool)
         tokens = causal_lm.keras_greedy(loaded, decoder, ids[None], mask, new_tokens)[0]
         expected.append(_Expected(None, ids.tolist(), tokens.tolist(), ""))
@@ -704,7 +848,8 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
         folder: the folder to write (created if missing; other files in it
             are left alone).
         options: the export's `ExportOptions` (tolerances, opset, `quantize`,
-            ...); `report_path` and `external_data="always"` are refused.
+            the config's `sampler`, `context_length`, `end_token_id`, ...);
+            `report_path` and `external_data="always"` are refused.
             With `quantize`, `weights_dtype="keep"` (or a float32 export
             that would not fit in memory) makes it the streamed export:
             only `FOLDER/<kind>/` is written (`streams`).
@@ -717,8 +862,9 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
         graph's figures and the gate's, and no float checks.
 
     Raises:
-        UsageError: not a causal LM, an option refused, or a tokenizer that
-            cannot be written or has no end token.
+        UsageError: not a causal LM, an option refused, a tokenizer that
+            cannot be written, no end id known (`special_ids`), or no
+            context length (`context_of`).
         OutputError: `folder` cannot hold the files.
         ValidationFailed: the decoder, the tokenizer files or the folder in
             genai (or `generate`) differ from Keras; nothing is placed.
@@ -726,11 +872,12 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
     Example:
 
     >>> import keras_hub
+    >>> from keras_layers.export import ExportOptions
     >>> from keras_layers.export.genai_folder import export_folder
     >>> backbone = keras_hub.models.GPT2Backbone(vocabulary_size=64, num_layers=1,
     ...     num_heads=2, hidden_dim=8, intermediate_dim=16, max_sequence_length=32)
     >>> lm = keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
-    >>> report = export_folder(lm, tmp / "gpt2")
+    >>> report = export_folder(lm, tmp / "gpt2", ExportOptions(end_token_id=63))
     >>> sorted(path.name for path in (tmp / "gpt2").iterdir())
     ['genai_config.json', 'model.onnx', 'report.json']
     """
@@ -741,9 +888,9 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
     loaded = loading.load(lm, imports=options.imports, unsafe=options.unsafe, stored=streamed)
     decoder = causal_lm.describe(loaded)
     preprocessor = getattr(loaded.model, "preprocessor", None)
-    ids = special_ids(preprocessor, decoder.vocabulary)
-    context = decoder.max_length or int(getattr(preprocessor, "sequence_length", 0) or 2048)
-    expected = expectations(loaded, decoder, prompts, NEW_TOKENS, context)
+    ids = special_ids(preprocessor, decoder.vocabulary, options.end_token_id)
+    context, context_from = context_of(loaded, preprocessor, options.context_length)
+    expected = expectations(loaded, decoder, prompts, NEW_TOKENS, context, ids.eos)
     if not expected:
         raise UsageError(
             f"none of the check prompts fits the model's context of {context} tokens with a "
@@ -754,10 +901,17 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
         folder.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise OutputError(f"{argument('folder', folder)}: {error.strerror or error}") from error
+    searches = {shared: search_settings(options, context, shared) for shared in (True, False)}
+    told = getattr(getattr(preprocessor, "tokenizer", None), "end_token_id", None) is not None
+    chosen = {
+        "sampler": options.sampler or "greedy",
+        "sampler_from": "sampler, as given" if options.sampler else _GREEDY_BY_DEFAULT,
+        "context_length_from": context_from,
+        "end_token_id_from": "the preprocessor's tokenizer" if told else "end_token_id, as given",
+    }
     # Read from the model now: the streamed export releases it before the config.
-    searches = {shared: _search(loaded.model, context, shared) for shared in (True, False)}
     heads = query_heads(loaded.model, decoder)
-    described = _Described(loaded, decoder, preprocessor, ids, context, searches, heads)
+    described = _Described(loaded, decoder, preprocessor, ids, context, searches, heads, chosen)
     described.seconds["load_and_keras"] = time.perf_counter() - started
     with placement.staging_folder(folder) as staging:
         write = _write_streamed if streamed else _write_float
@@ -783,8 +937,9 @@ class _Described:
     preprocessor: object
     ids: SpecialIds
     context: int
-    searches: dict  # `_search`'s, by whether the cache buffer is shared
+    searches: dict  # `search_settings`', by whether the cache buffer is shared
     heads: int  # `query_heads`
+    chosen: dict  # the sampler, and where the context length and end id come from
     seconds: dict = field(default_factory=dict)  # the streamed export's stages
 
     def config(self, model_path: Path) -> dict:
@@ -792,6 +947,11 @@ class _Described:
         where `why_no_shared_buffer` finds nothing against it)."""
         search = self.searches[why_no_shared_buffer(model_path) is None]
         return genai_config(self.decoder, self.ids, self.context, search, self.heads)
+
+    def folder_report(self, config: dict) -> dict:
+        """The report's `folder` entry, before any check: the config written,
+        its context length, and what chose its settings."""
+        return {"config": config, "context_length": self.context, "chosen": self.chosen}
 
 
 def _write_float(described: _Described, staging: Path, folder: Path, options, sides) -> dict:
@@ -807,7 +967,7 @@ def _write_float(described: _Described, staging: Path, folder: Path, options, si
     placement.write_json(config, staging / CONFIG_FILE)
     expected = sides[0]
     proof = prove_folder(staging, expected, described.ids.eos)
-    report["folder"] = {"config": config, "context_length": described.context, **proof}
+    report["folder"] = {**described.folder_report(config), **proof}
     report["passed"] = report["passed"] and proof["passed"]
     if not proof["passed"]:
         raise ValidationFailed(
@@ -854,7 +1014,7 @@ def _write_streamed(described: _Described, staging: Path, folder: Path, options,
         report["tokenizer"] = export_tokenizer(described.preprocessor, sub).report()
     config = described.config(sub / MODEL_FILE)
     placement.write_json(config, sub / CONFIG_FILE)
-    report["folder"] = {"config": config, "context_length": described.context}
+    report["folder"] = described.folder_report(config)
     started = time.perf_counter()
     gate = {**summary, **_judged(sub, options, *sides)}
     described.seconds["gate"] = time.perf_counter() - started

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from keras_layers.export import converting, decoder_gate, validating
 from keras_layers.export.errors import UsageError, argument
+from keras_layers.export.generation import SAMPLERS
 from keras_layers.export.inputs import InputRole, parse_override
 
 EXTERNAL_DATA_CHOICES = ("auto", "always", "never")
@@ -25,6 +26,11 @@ WEIGHTS_DTYPE_CHOICES = ("float32", "float16", "keep")
 # `MatMulNBits`' accuracy levels a quantized decoder may take (`quantizing`).
 ACCURACY_LEVELS = (1, 4)
 ACCURACY_LEVEL = 4
+# keras-hub's numbers of its samplers (`keras_hub.samplers.TopKSampler`,
+# `TopPSampler`), which a causal-lm folder's search takes unless given.
+SAMPLER_DEFAULTS = {"top_k": 5, "top_p": 0.1, "temperature": 1.0}
+# The numbers each sampler reads.
+_SAMPLER_NUMBERS = {"top_k": ("top_k",), "top_p": ("top_p",), "temperature": ("top_k", "top_p")}
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,28 @@ class ExportOptions:
             `keras_layers.export.inputs`). Kept as `InputRole`s.
         memory_check: refuse, before any work, an export whose estimated peak
             memory exceeds what the machine has available (`memory.check_fits`).
+        sampler: the search a causal-lm folder's `genai_config.json` sets
+            (what onnxruntime-genai does unless its user sets another):
+            `"greedy"` (None: the default), `"top_k"` or `"top_p"`. The
+            model's compiled sampler is never read: a `.keras` file does not
+            keep it, and keras-hub compiles every task with top-k when it is
+            made, so a model's sampler does not say what its user chose.
+        top_k: the top-k sampler's k (default 5, keras-hub's); only with
+            `sampler="top_k"`.
+        top_p: the top-p sampler's p, in (0, 1] (default 0.1, keras-hub's);
+            only with `sampler="top_p"`.
+        temperature: the samplers' temperature, > 0 (default 1); only with
+            `sampler="top_k"` or `"top_p"`.
+        context_length: a causal-lm folder's `context_length`, the longest
+            sequence genai runs: at most the model's position table (its
+            length by default); for a model whose positions have no table
+            (rotary: Llama, Gemma, Mistral, ...) the preprocessor's
+            `sequence_length` by default, and needed without a preprocessor.
+        end_token_id: a causal-lm folder's end id (written as the start, end
+            and pad ids), needed for a model without preprocessor: genai stops
+            at the config's end id and takes 0 when none is written. With a
+            preprocessor, its tokenizer's end id is written (a different one
+            is refused).
         extra_report: entries added to the report as they are.
         preprocessor: export a keras-hub text task with its preprocessor as
             one file that takes strings (`keras_layers.export.export_model`
@@ -115,6 +143,12 @@ class ExportOptions:
     decoder_max_nll_change: float = decoder_gate.MAX_NLL_CHANGE
     decoder_accuracy_level: int = ACCURACY_LEVEL
     allow_nonfinite: bool = False
+    sampler: str | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    temperature: float | None = None
+    context_length: int | None = None
+    end_token_id: int | None = None
     input_roles: Mapping[str, InputRole] = field(default_factory=dict)
     memory_check: bool = True
     extra_report: Mapping | None = None
@@ -141,6 +175,7 @@ class ExportOptions:
                 "weights_dtype at float32 (or keep) with quantize"
             )
         self._check_accuracy_level()
+        self._check_folder_settings()
         if self.shapes is not None:
             _set(self, "shapes", validating.check_shapes(self.shapes))
         _set(self, "report_path", Path(self.report_path) if self.report_path else None)
@@ -169,6 +204,41 @@ class ExportOptions:
                 f"{argument('decoder_accuracy_level', level)}: sets how a quantized decoder "
                 "computes; only with quantize (and a causal-lm folder), or leave it out"
             )
+
+    def _check_folder_settings(self) -> None:
+        """The sampler, its numbers, the context length and the end id of a
+        causal-lm folder; whether the export writes one is the API's to say
+        (`genai_folder.refuse_folder_options`)."""
+        _check_choice("sampler", self.sampler, SAMPLERS, "", none_ok=True)
+        for name, samplers in _SAMPLER_NUMBERS.items():
+            value = getattr(self, name)
+            if value is not None and self.sampler not in samplers:
+                raise UsageError(
+                    f"{argument(name, value)}: a number of the {' or '.join(samplers)} "
+                    f"sampler; add {argument('sampler', samplers[0])}, or leave this out"
+                )
+        for name, (valid, wanted) in _FOLDER_NUMBERS.items():
+            value = getattr(self, name)
+            if value is not None and not valid(value):
+                raise UsageError(f"{argument(name, value)}: give {wanted}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# A causal-lm folder's numbers: what each must be, and its wording.
+_FOLDER_NUMBERS = {
+    "top_k": (lambda k: _is_int(k) and k >= 1, "a whole number >= 1"),
+    "top_p": (lambda p: _is_real(p) and 0 < p <= 1, "a number in (0, 1]"),
+    "temperature": (lambda t: _is_real(t) and t > 0, "a finite number > 0"),
+    "context_length": (lambda n: _is_int(n) and n >= 2, "a whole number >= 2"),
+    "end_token_id": (lambda i: _is_int(i) and i >= 0, "a token id >= 0"),
+}
 
 
 def _tolerance(name: str, value) -> float:
