@@ -96,6 +96,15 @@ def test_a_task_saved_without_its_preprocessor_exits_2_naming_it(saved, tmp_path
         (["--with-preprocessor"], "--with-preprocessor"),
         (["--quantize", "int8"], "--quantize int8"),
         (["--task", "causal-lm"], "--task causal-lm"),
+        # Accepted and ignored before (--report wrote no report, exit 0):
+        (["--report", "r.json"], "--report r.json"),
+        (["--shapes", "1x3"], "--shapes"),
+        (["--atol", "1e-3"], "--atol 0.001"),
+        (["--opset", "17"], "--opset 17"),
+        (["--external-data", "always"], "--external-data always"),
+        (["--weights-dtype", "float16"], "--weights-dtype float16"),
+        (["--allow-nonfinite"], "--allow-nonfinite"),
+        (["--input", "token_ids=ids"], "--input"),
     ],
 )
 def test_flags_that_do_not_apply_exit_2_before_any_work(saved, tmp_path, capsys, flags, words):

@@ -584,6 +584,29 @@ def _command(args):
     return _check_only if args.check_only else _export
 
 
+# What --tokenizer-only takes (it loads the model and writes its tokenizer),
+# or refuses with its own words (the preprocessor, a FILE.onnx).
+TOKENIZER_FLAGS = ("model", "output", "imports", "unsafe", "preprocessor", "onnx_path")
+
+
+def _export_flags_given(args, taken: tuple) -> list[tuple[bool, str, str]]:
+    """`(given, flag, what to do)` for each option flag (`FLAGS`) other than
+    `taken` that differs from its default: a flag that cannot apply is
+    refused, never silently ignored."""
+    defaults = parser("", Path()).parse_args([])
+    found = []
+    for name, flag in FLAGS.items():
+        if name in taken or not hasattr(args, name):
+            continue
+        value = getattr(args, name)
+        if value != getattr(defaults, name):
+            scalar = isinstance(value, str | int | float | os.PathLike) and value is not True
+            found.append(
+                (True, f"{flag} {value}" if scalar else flag, "it applies to exports; leave it out")
+            )
+    return found
+
+
 def _tokenizer_only(args, demo_dir: Path, console) -> tuple[dict, float]:
     """`--tokenizer-only`: MODEL's preprocessor as tokenizer files
     (`tokenizer_files.export_tokenizer`); returns the report and the seconds."""
@@ -598,11 +621,9 @@ def _tokenizer_only(args, demo_dir: Path, console) -> tuple[dict, float]:
     refused = [
         (args.model is None, "MODEL", "give the .keras file of a keras-hub task"),
         (args.preprocessor, "--with-preprocessor", "leave one out"),
-        (args.text_pairs, "--text-pairs", "leave it out"),
-        (args.quantize is not None, f"--quantize {args.quantize}", "leave --quantize out"),
-        (args.task != "forward", f"--task {args.task}", "leave --task out"),
         (args.onnx_path is not None, f"FILE.onnx {args.onnx_path}", "leave it out"),
         (args.output == "", "-o ''", "an empty path: give a folder"),
+        *_export_flags_given(args, TOKENIZER_FLAGS),
     ]
     for given, flag, what in refused:
         if given:
