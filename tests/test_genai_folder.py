@@ -622,6 +622,7 @@ def test_the_folders_settings_are_refused_for_a_file(tmp_path):
 def test_what_a_folder_does_not_take_exits_2_before_any_work(tmp_path, capsys, flags, words):
     model = tmp_path / "lm.keras"
     model.write_bytes(b"not read: the flags are refused first")
+    (tmp_path / "lm.onnx").write_bytes(b"not read either (--check-only)")
     argv = [str(model), *(flag.format(tmp=tmp_path) for flag in flags)]
     assert main(argv) == EXIT_USAGE
     assert words in capsys.readouterr().err
