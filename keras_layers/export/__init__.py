@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # what type checkers and the API docs read
     from keras_layers.export.checking import validate
     from keras_layers.export.errors import (
         ConversionError,
+        DecoderFileError,
         ExportError,
         ModelLoadError,
         OutputError,
@@ -65,6 +66,7 @@ _MODULES = {
     **dict.fromkeys(
         (
             "ConversionError",
+            "DecoderFileError",
             "ExportError",
             "ModelLoadError",
             "OutputError",
@@ -78,6 +80,7 @@ _MODULES = {
 __all__ = [
     "CachedDecoder",
     "ConversionError",
+    "DecoderFileError",
     "ExportError",
     "ExportOptions",
     "IdentityReport",

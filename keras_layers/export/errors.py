@@ -108,6 +108,23 @@ class OutputError(UsageError):
     """The output location cannot be written."""
 
 
+class DecoderFileError(UsageError, ValueError):
+    """A file `generate` reads is damaged, or is not what `--task causal-lm`
+    writes: the decoder's ONNX file, or a folder's `genai_config.json` or
+    `tokenizer.json`. Whatever the library underneath raised (ONNX Runtime's
+    `InvalidProtobuf`, a `RecursionError` of the `json` module, a Rust panic of
+    the `tokenizers` library) is its `__cause__`. A `ValueError` too: `generate`
+    raised one for a file that is no decoder before this class existed.
+
+    Attributes:
+        path: the file at fault; the message starts with it, then says the problem.
+    """
+
+    def __init__(self, path: os.PathLike | str, problem: str):
+        super().__init__(f"{os.fspath(path)}: {problem}")
+        self.path = path
+
+
 class ValidationFailed(ExportError):
     """The ONNX model's outputs differ from Keras' beyond the tolerances.
 

@@ -27,8 +27,15 @@ Text in, text out: given the folder `--task causal-lm -o FOLDER/` writes for
 a model saved with its preprocessor, `generate` also takes a string or a list
 of strings. They are encoded with the folder's `tokenizer.json` (the
 `tokenizers` library, start token included, no padding), generation stops at
-the folder's end token (`genai_config.json`), and the new tokens before it are
-returned decoded.
+the folder's end token (`genai_config.json`) or at `end_token_id` when one is
+given, and the new tokens before it are returned decoded. `padding_mask` and
+`pad_token_id` have nothing to act on there, and are refused.
+
+A file that is damaged or not what the export writes (`model.onnx`,
+`genai_config.json`, `tokenizer.json`) is a `DecoderFileError` (a `ValueError`)
+naming the file and the problem, whatever the library reading it raised: ONNX
+Runtime's `InvalidProtobuf`, the `json` module's `RecursionError`, the Rust
+panic of the `tokenizers` library ("A damaged folder" in `docs/generation.md`).
 
 Nothing here imports TensorFlow or Keras: a server that only generates needs
 `onnxruntime` and `numpy` (and `onnx`, imported by the memory check).
@@ -45,16 +52,23 @@ Example (the export side, which does need TensorFlow):
 True
 """
 
+import json
 import math
 import numbers
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
+from keras_layers.export.errors import DecoderFileError, one_line
+
 SAMPLERS = ("greedy", "top_k", "top_p")
+_EXPORT_AGAIN = "export the model again with --task causal-lm"
+_FOLDER_AGAIN = "export the folder again with --task causal-lm -o FOLDER/"
 _PAST = "past_key_values."
 _PADDING = ("attention_mask", "position_ids")
 _ONNX_TYPES = {
@@ -84,11 +98,28 @@ class CacheInput:
     dtype: np.dtype
 
     @classmethod
-    def read(cls, value) -> "CacheInput":
-        """From ONNX Runtime's description of the input (batch, heads,
-        past_sequence, head size)."""
-        dtype = _numpy_dtype(value.type, value.name)
-        return cls(value.name, value.shape[1], value.shape[3], dtype)
+    def read(cls, value, path: Path) -> "CacheInput":
+        """From ONNX Runtime's description of the input.
+
+        Args:
+            value: the input (batch, heads, past_sequence, head size).
+            path: the file, named when the input is refused.
+
+        Returns:
+            The cache input.
+
+        Raises:
+            DecoderFileError: the heads or the head size are not numbers.
+        """
+        shape = value.shape
+        if len(shape) != 4 or not all(_is_int(shape[axis]) and shape[axis] > 0 for axis in (1, 3)):
+            raise DecoderFileError(
+                path,
+                f"its input {value.name!r} has shape {shape}: generate needs (batch, heads, "
+                "past tokens, head size) with the heads and the head size as numbers, as "
+                f"--task causal-lm writes them; {_EXPORT_AGAIN}",
+            )
+        return cls(value.name, shape[1], shape[3], _numpy_dtype(value.type, value.name, path))
 
     def empty(self, batch: int, length: int = 0) -> np.ndarray:
         """Zeros for `batch` rows of `length` tokens (none: the first call's).
@@ -136,13 +167,18 @@ class CachedDecoder:
                 f"onnx_path={str(path)!r}: no ONNX file at this path; give the file that "
                 "--task causal-lm wrote"
             )
-        self.session = ort.InferenceSession(
-            str(path), session_options, providers=["CPUExecutionProvider"]
-        )
+        try:
+            self.session = ort.InferenceSession(
+                str(path), session_options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as error:  # noqa: BLE001 - InvalidProtobuf, Fail, ...: ONNX Runtime's own
+            raise DecoderFileError(
+                path, f"ONNX Runtime cannot load it ({_said(error)}); {_EXPORT_AGAIN}"
+            ) from error
         inputs = {value.name: value for value in self.session.get_inputs()}
         outputs = {value.name: value for value in self.session.get_outputs()}
         self.cache_inputs = [
-            CacheInput.read(value) for name, value in inputs.items() if name.startswith(_PAST)
+            CacheInput.read(value, path) for name, value in inputs.items() if name.startswith(_PAST)
         ]
         self.presents = [name.replace(_PAST, "present.") for name in self._cache_names]
         if (
@@ -150,17 +186,17 @@ class CachedDecoder:
             or not self.cache_inputs
             or not {"logits", *self.presents} <= set(outputs)
         ):
-            raise ValueError(
-                f"onnx_path={str(path)!r}: not a decoder with a key/value cache (its inputs are "
-                f"{sorted(inputs)}, its outputs {sorted(outputs)}); export the model with "
-                "--task causal-lm"
+            raise DecoderFileError(
+                path,
+                f"not a decoder with a key/value cache (its inputs are {sorted(inputs)}, its "
+                f"outputs {sorted(outputs)}); export the model with --task causal-lm",
             )
-        self.ids_dtype = _numpy_dtype(inputs["input_ids"].type, "input_ids")
+        self.ids_dtype = _numpy_dtype(inputs["input_ids"].type, "input_ids", path)
         # A decoder that takes a padded batch (`attention_mask`, `position_ids`).
         self.padding_dtypes = {
-            name: _numpy_dtype(inputs[name].type, name) for name in _PADDING if name in inputs
+            name: _numpy_dtype(inputs[name].type, name, path) for name in _PADDING if name in inputs
         }
-        self.logits_dtype = _numpy_dtype(outputs["logits"].type, "logits")
+        self.logits_dtype = _numpy_dtype(outputs["logits"].type, "logits", path)
         self.output_names = list(outputs)
         last = outputs["logits"].shape[-1] if outputs["logits"].shape else None
         self._vocabulary = last if isinstance(last, int) and last > 0 else None
@@ -186,11 +222,15 @@ class CachedDecoder:
         """The logits' last dimension: the file's own output shape, or, where
         the file leaves it symbolic, the logits of one token (id 0)."""
         if self._vocabulary is None and not self._probe(1):
-            raise ValueError(
-                f"the decoder's file fails on one token with an empty cache "
-                f"({self._failure}); export it again with --task causal-lm"
-            )
+            raise self.fails_on_one_token()
         return self._vocabulary
+
+    def fails_on_one_token(self) -> DecoderFileError:
+        """The error for a file that fails on its first token (`failure` says how)."""
+        return DecoderFileError(
+            self._path,
+            f"it fails on one token with an empty cache ({self._failure}); {_EXPORT_AGAIN}",
+        )
 
     def empty_cache(self, batch: int) -> dict:
         """Caches holding no tokens, for the first call."""
@@ -390,13 +430,19 @@ def _reads_no_length(node) -> bool:
     return not start <= 2 < end
 
 
-def _numpy_dtype(onnx_type: str, name: str) -> np.dtype:
+def _numpy_dtype(onnx_type: str, name: str, path: Path) -> np.dtype:
     if onnx_type not in _ONNX_TYPES:
-        raise ValueError(
-            f"the decoder's {name!r} is of type {onnx_type}, which generate does not feed or "
-            "read; export the model with --task causal-lm"
+        raise DecoderFileError(
+            path,
+            f"its {name!r} is of type {onnx_type}, which generate does not feed or read; "
+            "export the model with --task causal-lm",
         )
     return _ONNX_TYPES[onnx_type]
+
+
+def _said(error: BaseException) -> str:
+    """What a library's error says, on one line, cut short."""
+    return one_line(f"{type(error).__name__}: {error}", 200)
 
 
 def _shown(value) -> str:
@@ -603,10 +649,7 @@ def _check_positions(decoder: CachedDecoder, lengths: np.ndarray, max_new_tokens
     if runs == fed:
         return
     if runs == 0:
-        raise ValueError(
-            f"the decoder's file fails on one token with an empty cache ({decoder.failure}); "
-            "export it again with --task causal-lm"
-        )
+        raise decoder.fails_on_one_token()
     limit = f"the model runs at most {runs} positions (ONNX Runtime fails past them)"
     if longest > runs:
         raise ValueError(
@@ -693,14 +736,16 @@ def generate(
             prompt and its new tokens must fit the model's positions.
         padding_mask: booleans (or 0/1) like `token_ids`, True on prompt tokens
             (keras-hub's `padding_mask`), each row's at its start; default all True.
+            Refused with text, which `generate` lines up itself.
         sampler: `"greedy"`, `"top_k"` or `"top_p"`.
         seed: seeds the sampling (`numpy.random.default_rng(seed)`; an int >= 0,
             a `numpy.random.Generator` or None); the same seed gives the same tokens.
-        end_token_id: a row stops after it generates this id (None: never).
+        end_token_id: a row stops after it generates this id (None: never; for
+            text, the folder's end token).
         top_k: tokens kept by `"top_k"`, an int >= 1.
         top_p: probability mass kept by `"top_p"`, in (0, 1].
         temperature: logits are divided by it before sampling; finite, > 0.
-        pad_token_id: written after each row's end, in [0, vocabulary).
+        pad_token_id: written after each row's end, in [0, vocabulary); refused with text.
 
     Returns:
         For ids, an array (batch, prompt length + max_new_tokens) of the model's
@@ -712,9 +757,11 @@ def generate(
         FileNotFoundError: no file at `onnx_path`.
         TypeError: an argument of the wrong type (`ArgumentTypeError`, also a
             `ValueError`); the message names it.
-        ValueError: the file is no decoder with a cache, or an argument is out
-            of range, too long for the model's positions or too large for the
-            memory available; the message names it (`argument=value: why; what to do`).
+        DecoderFileError: a damaged file (the ONNX file, `genai_config.json`,
+            `tokenizer.json`), a `ValueError` too; the message names the file.
+        ValueError: an argument is out of range, too long for the model's
+            positions or too large for the memory available; the message names
+            it (`argument=value: why; what to do`).
 
     Example:
 
@@ -725,25 +772,33 @@ def generate(
     >>> int(tokens[1, -1])  # the shorter row ends with padding
     0
     """
-    sampling = {"sampler": sampler, "seed": seed, "top_k": top_k, "top_p": top_p}
     if _is_text(token_ids):
-        return _generate_text(onnx_path, token_ids, max_new_tokens, temperature, sampling)
+        _check_text(token_ids, padding_mask, pad_token_id)
+        sampling = {"sampler": sampler, "seed": seed, "top_k": top_k, "top_p": top_p}
+        sampling["temperature"] = temperature
+        return _generate_text(onnx_path, token_ids, max_new_tokens, end_token_id, sampling)
     onnx_path = _model_file(onnx_path)
     _check_path(onnx_path)
     token_ids = _check_ids(token_ids)
     mask = _check_mask(padding_mask, token_ids.shape)
     _check_count(max_new_tokens)
-    top_k, top_p, temperature = _check_sampler(sampler, top_k, top_p, temperature)
-    _check_seed(seed)
+    pick = _picker(sampler, seed, top_k, top_p, temperature)
     decoder = _checked_decoder(
         onnx_path, token_ids, mask, max_new_tokens, end_token_id, pad_token_id
     )
+    return _run(decoder, token_ids, mask, int(max_new_tokens), pick, end_token_id, pad_token_id)
+
+
+def _picker(sampler, seed, top_k, top_p, temperature):
+    """`next_tokens` as a function of the logits alone, its arguments checked."""
+    top_k, top_p, temperature = _check_sampler(sampler, top_k, top_p, temperature)
+    _check_seed(seed)
     rng = np.random.default_rng(seed)
 
     def pick(logits):
         return next_tokens(logits, sampler, rng, top_k, top_p, temperature)
 
-    return _run(decoder, token_ids, mask, int(max_new_tokens), pick, end_token_id, pad_token_id)
+    return pick
 
 
 def _checked_decoder(onnx_path, token_ids, mask, max_new_tokens, end_token_id, pad_token_id):
@@ -789,47 +844,163 @@ def _text_folder(onnx_path) -> Path:
     return folder
 
 
-def _generate_text(onnx_path, prompts, max_new_tokens, temperature, sampling: dict):
-    """`generate` on text: encode with the folder's tokenizer, generate, decode."""
-    import json
+def _prompt(prompts, index: int) -> str:
+    """Text prompt `index` as the caller gave it: `token_ids` alone, or one of a list."""
+    return "token_ids" if isinstance(prompts, str) else f"token_ids[{index}]"
 
+
+def _texts(prompts) -> list:
+    """Text prompts as a list (one string: a list of one)."""
+    return [prompts] if isinstance(prompts, str) else list(prompts)
+
+
+def _check_text(prompts, padding_mask, pad_token_id) -> None:
+    """Text prompts must be valid Unicode. `padding_mask` and `pad_token_id`
+    have nothing to act on there (each string is one prompt, and the new
+    text holds no padding): refused, not ignored."""
+    if padding_mask is not None:
+        raise ValueError(
+            f"padding_mask={_shown(padding_mask)}: text prompts are not padded (each string is "
+            "one prompt, which generate tokenizes and lines up itself); leave padding_mask out, "
+            "or give token ids"
+        )
+    if not (_is_int(pad_token_id) and pad_token_id == 0):  # 0: the default, not given
+        raise ValueError(
+            f"pad_token_id={_shown(pad_token_id)}: text prompts return each prompt's new text, "
+            "which holds no padding; leave pad_token_id out, or give token ids"
+        )
+    for index, text in enumerate(_texts(prompts)):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:  # only a lone surrogate has no UTF-8
+            raise ValueError(
+                f"{_prompt(prompts, index)}={_shown(text)}: not valid text (a lone surrogate "
+                f"U+{ord(text[error.start]):04X} at character {error.start} has no UTF-8 "
+                "encoding); give the prompt as valid Unicode"
+            ) from error
+
+
+def _generate_text(onnx_path, prompts, max_new_tokens, end_token_id, sampling: dict):
+    """`generate` on text: encode with the folder's tokenizer, generate, decode.
+    A damaged file of the folder is a `DecoderFileError` naming it."""
     folder = _text_folder(onnx_path)
+    tokenizer_path = folder / "tokenizer.json"
+    tokenizer = _folder_tokenizer(tokenizer_path)
+    folder_end = _folder_end_token(folder / "genai_config.json")
+    rows = []
+    for index, text in enumerate(_texts(prompts)):
+        with _tokenizer_failures(tokenizer_path, f"fails on prompt {index}"):
+            rows.append(tokenizer.encode(text).ids)
+        if not rows[-1]:
+            raise ValueError(
+                f"{_prompt(prompts, index)}={_shown(text)}: this prompt encodes to no token (the "
+                "folder's tokenizer adds no start token); give a prompt of at least one token"
+            )
+    decoder = CachedDecoder(folder / "model.onnx")
+    _check_folder_ids(decoder, folder, folder_end, rows)
+    end = folder_end if end_token_id is None else end_token_id
+    ids = np.zeros((len(rows), max(len(row) for row in rows)), np.int64)
+    mask = np.zeros(ids.shape, bool)
+    for index, row in enumerate(rows):
+        ids[index, : len(row)], mask[index, : len(row)] = row, True
+    tokens = generate(decoder, ids, max_new_tokens, padding_mask=mask, end_token_id=end, **sampling)
+    decoded = []
+    for index, (row, prompt) in enumerate(zip(tokens.tolist(), rows, strict=True)):
+        new = row[len(prompt) : len(prompt) + int(max_new_tokens)]
+        new = new[: new.index(end)] if end in new else new
+        with _tokenizer_failures(tokenizer_path, f"fails on the new tokens of prompt {index}"):
+            decoded.append(tokenizer.decode(new, skip_special_tokens=True))
+    return decoded[0] if isinstance(prompts, str) else decoded
+
+
+def _folder_tokenizer(path: Path):
+    """The folder's `tokenizer.json`, as it encodes: no padding, no truncation."""
     try:
         from tokenizers import Tokenizer
     except ImportError as error:
         raise ValueError(
             "text prompts need the tokenizers library: pip install 'keras-layers[text]'"
         ) from error
-    config = json.loads((folder / "genai_config.json").read_text(encoding="utf-8"))["model"]
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    texts = [prompts] if isinstance(prompts, str) else list(prompts)
-    rows = [tokenizer.encode(text).ids for text in texts]
-    ids = np.zeros((len(rows), max(len(row) for row in rows)), np.int64)
-    mask = np.zeros(ids.shape, bool)
-    for index, row in enumerate(rows):
-        ids[index, : len(row)], mask[index, : len(row)] = row, True
-    if not mask[:, 0].all():
-        empty = texts[int(np.argmin(mask[:, 0]))]
-        raise ValueError(f"token_ids={_shown(empty)}: this prompt encodes to no token")
-    end = int(config["eos_token_id"])
-    tokens = generate(
-        folder / "model.onnx",
-        ids,
-        max_new_tokens,
-        padding_mask=mask,
-        end_token_id=end,
-        pad_token_id=int(config["pad_token_id"]),
-        temperature=temperature,
-        **sampling,
+    with _tokenizer_failures(path, "cannot read it"):
+        tokenizer = Tokenizer.from_file(str(path))
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+    return tokenizer
+
+
+def _is_rust_panic(error: BaseException) -> bool:
+    """Whether `error` is a Rust panic of a library built with pyo3
+    (`tokenizers`): a `pyo3_runtime.PanicException`, which derives from
+    `BaseException` so that `except Exception` lets it through, and which
+    pyo3 exports from no module to import; told by its type's name."""
+    return any(
+        kind.__module__ == "pyo3_runtime" and kind.__name__ == "PanicException"
+        for kind in type(error).__mro__
     )
-    decoded = []
-    for row, prompt in zip(tokens.tolist(), rows, strict=True):
-        new = row[len(prompt) : len(prompt) + int(max_new_tokens)]
-        new = new[: new.index(end)] if end in new else new
-        decoded.append(tokenizer.decode(new, skip_special_tokens=True))
-    return decoded[0] if isinstance(prompts, str) else decoded
+
+
+@contextmanager
+def _tokenizer_failures(path: Path, doing: str) -> Iterator[None]:
+    """What the tokenizers library raises in the block, a Rust panic
+    included, as a `DecoderFileError` on `path`: the prompts are checked
+    before, so the file is at fault. KeyboardInterrupt and SystemExit pass."""
+    try:
+        yield
+    except BaseException as error:
+        if not (isinstance(error, Exception) or _is_rust_panic(error)):
+            raise
+        raise DecoderFileError(
+            path, f"the tokenizers library {doing} ({_said(error)}); {_FOLDER_AGAIN}"
+        ) from error
+
+
+def _folder_end_token(path: Path) -> int:
+    """`model.eos_token_id` of a folder's `genai_config.json`: an int >= 0
+    (whether the vocabulary holds it, `_check_folder_ids` says)."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as error:  # ValueError: JSON, UTF-8, digits
+        raise DecoderFileError(
+            path, f"cannot read it as JSON ({_said(error)}); {_FOLDER_AGAIN}"
+        ) from error
+    model = config.get("model") if isinstance(config, dict) else None
+    if not isinstance(model, dict):
+        raise DecoderFileError(
+            path, f'no "model" object (the file holds {_shown(config)}); {_FOLDER_AGAIN}'
+        )
+    if "eos_token_id" not in model:
+        raise DecoderFileError(
+            path,
+            '"model"."eos_token_id" is missing: generate stops each text at the end token it '
+            f"names; {_FOLDER_AGAIN}",
+        )
+    end = model["eos_token_id"]
+    if not _is_int(end) or end < 0:
+        raise DecoderFileError(
+            path,
+            f'"model"."eos_token_id" is {_shown(end)}: not an int token id (generate stops each '
+            f"text at one end token); {_FOLDER_AGAIN}",
+        )
+    return end
+
+
+def _check_folder_ids(decoder: CachedDecoder, folder: Path, end: int, rows: list) -> None:
+    """The config's end token and the tokenizer's ids within the decoder's vocabulary."""
+    vocabulary = decoder.vocabulary
+    within = f"outside the vocabulary [0, {vocabulary}) of model.onnx"
+    if end >= vocabulary:
+        raise DecoderFileError(
+            folder / "genai_config.json",
+            f'"model"."eos_token_id" is {end}: {within}; {_FOLDER_AGAIN}',
+        )
+    for index, row in enumerate(rows):
+        outside = [token for token in row if token >= vocabulary]
+        if outside:
+            raise DecoderFileError(
+                folder / "tokenizer.json",
+                f"it encodes prompt {index} to id {outside[0]}, {within}: it is not the "
+                f"model's tokenizer; {_FOLDER_AGAIN}",
+            )
 
 
 def _run(decoder, token_ids, mask, max_new_tokens, pick, end_token_id, pad_token_id):
