@@ -1,6 +1,7 @@
 """The export pipeline end to end: conversion, validation, report, atomic output."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -696,3 +697,13 @@ def test_one_demo_folder_per_installation(tmp_path, monkeypatch):
     assert default_demo_dir(checkout=tmp_path) == tmp_path / "cache" / "keras-layers" / "demo"
     monkeypatch.setenv("KERAS_LAYERS_HOME", str(tmp_path / "home"))
     assert default_demo_dir() == default_demo_dir(checkout=root) == tmp_path / "home" / "demo"
+
+
+def test_the_python_api_prints_no_tensorflow_warning_per_weight(tmp_path, caplog):
+    """TensorFlow warned `__weight_0 is not a valid node name` once per weight
+    we fed the traced function: our names, so ours to make valid."""
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    model = keras.Model(ids, keras.layers.Dense(3, name="head")(keras.layers.Embedding(20, 4)(ids)))
+    with caplog.at_level(logging.WARNING, logger="tensorflow"):
+        assert export_model(model, tmp_path / "m.onnx", ExportOptions(shapes=[(1, 3)]))["passed"]
+    assert not [r for r in caplog.records if "not a valid node name" in r.getMessage()]

@@ -26,7 +26,7 @@ from keras_layers.export.errors import ConversionError, one_line
 from keras_layers.export.loading import LoadedModel, flatten, unique_variables
 from keras_layers.export.validating import keras_outputs, make_inputs
 
-WEIGHT_PREFIX = "__weight_"
+WEIGHT_PREFIX = "keras_layers.weight_"
 
 
 @dataclass
