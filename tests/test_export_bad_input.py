@@ -390,6 +390,28 @@ def test_an_import_that_exits_is_a_usage_error(
     sys.modules.pop("exits_on_import", None)
 
 
+def test_an_import_that_ends_the_process_is_a_usage_error(tmp_path, good_model):
+    """An --import module that calls os._exit(0), even under another name and
+    inside `except Exception`, ended the command at once with exit 0 and
+    nothing exported; now exit 2, one line. In a process of its own: in this
+    one, the call would end pytest itself with exit 0."""
+    (tmp_path / "exits_hard.py").write_text(
+        "from os import _exit as leave\n\ntry:\n    leave(0)\nexcept Exception:\n    pass\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "export" / "to_onnx.py"), str(good_model)]
+        + ["-o", str(tmp_path / "o.onnx"), "--import", "exits_hard"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        timeout=HANG_SECONDS,
+    )
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert_one_clear_line(result.stderr, "--import exits_hard", "it calls os._exit(0)")
+    assert not (tmp_path / "o.onnx").exists()
+
+
 @pytest.mark.parametrize(
     "argv, said",
     [

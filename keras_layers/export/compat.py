@@ -160,6 +160,13 @@ INTERNALS = (
         Internal(f"keras_hub.src.{module}", "compute_causal_mask", _KERAS_HUB, _PADDING)
         for module in CAUSAL_MASK_USERS
     ),
+    Internal(
+        "os",
+        "_exit",
+        "Python 3.11-3.13",
+        "loading._process_exit_refused: a user module that calls os._exit while it is "
+        "imported is a usage error, not a command that ends with its exit status",
+    ),
     # Read or called, never replaced.
     Internal(
         "keras.src.backend.tensorflow.nn",

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 import keras_layers
+from keras_layers.export import compat, lean_loading
 from keras_layers.export import inputs as inputs_module
-from keras_layers.export import lean_loading
 from keras_layers.export.errors import ModelLoadError, UsageError, argument, fix
 
 # Dtype policies whose variables are float32 but whose compute is half
@@ -202,6 +202,10 @@ def import_modules(names: list) -> dict:
     `sys.path` after every dependency is imported and leaves it afterwards.
     A module that raises, or calls `sys.exit`, is a usage error.
 
+    A module that calls `os._exit` while it is imported is a usage error too
+    (`_process_exit_refused`): the call would end the process at once, with
+    the module's status, exit 0 for `os._exit(0)`, and nothing exported.
+
     Returns:
         What the modules define that Keras cannot find by itself, by name, for the
         loader (`_unregistered_objects`).
@@ -238,7 +242,14 @@ def _import_one(name: str):
     if added:
         sys.path.insert(0, str(folder))
     try:
-        return importlib.import_module(module_name)
+        with _process_exit_refused():
+            return importlib.import_module(module_name)
+    except _ProcessExit as error:
+        raise UsageError(
+            f"{argument('imports', name)}: cannot import it: it calls os._exit({error.status}) "
+            "while it is imported, which would end the export at once with nothing exported; "
+            "remove the call, or guard it with `if __name__ == '__main__':`"
+        ) from error
     except ModuleNotFoundError as error:
         where = f"{folder} (the working directory) and the installed packages"
         missing = f"a module it imports, {error.name!r}," if error.name != module_name else "it"
@@ -253,6 +264,42 @@ def _import_one(name: str):
     finally:
         if added and str(folder) in sys.path:
             sys.path.remove(str(folder))
+
+
+class _ProcessExit(BaseException):
+    """`os._exit` called by a user module while it is imported. A
+    `BaseException`, as `SystemExit` is, so that the module's own `except
+    Exception` does not swallow it.
+
+    Attributes:
+        status: the exit status it asked for.
+    """
+
+    def __init__(self, status):
+        super().__init__(status)
+        self.status = status
+
+
+@contextmanager
+def _process_exit_refused() -> Iterator[None]:
+    """`os._exit` raises `_ProcessExit` in this thread for the block.
+
+    `os._exit` ends the process at once: no `finally`, no `atexit`, no exit
+    code of ours, so nothing in the process can notice it afterwards; only a
+    call made through the `os` module can be stopped, before it happens.
+    Calls from other threads (through `compat.patched`) and from a process
+    forked meanwhile (`multiprocessing` ends its children with `os._exit`)
+    still exit, as does a call that bypasses `os` (`ctypes`' libc `_exit`).
+    """
+    parent = os.getpid()
+
+    def refuse(status):
+        if os.getpid() != parent:  # a forked child ends as it asks
+            compat.original(os, "_exit")(status)
+        raise _ProcessExit(status)
+
+    with compat.patched(os, "_exit", refuse):
+        yield
 
 
 def _unregistered_objects(module) -> dict:
