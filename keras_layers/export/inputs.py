@@ -245,8 +245,6 @@ def probe(model, inputs, structure: str, max_length=None, sizes=(), widths=None)
         (the roles are then read from the wiring alone), and its `failures`
         say where it failed.
     """
-    import numpy as np
-
     if any(not (_is_integer(dtype) or dtype.startswith("float")) for _, _, dtype in inputs):
         return Probe(None, [])  # strings: refused later, with their own message
     length = min(PROBE_LENGTH, max_length or PROBE_LENGTH)
@@ -285,6 +283,15 @@ def probe(model, inputs, structure: str, max_length=None, sizes=(), widths=None)
             object.__delattr__(layer, "call")
     if feeds is None:
         return Probe(None, [], failures)
+    found, tables = _readers(seen, feeds)
+    return Probe(found, tables, failures, size)
+
+
+def _readers(seen: list, feeds: dict) -> tuple[dict, list]:
+    """Each input's `Probed` and the position tables, from what every layer
+    received (`seen`: `(layer, first argument)`) when fed `feeds`."""
+    import numpy as np
+
     patterns = {name: value.astype("int64") for name, value in feeds.items()}
     found = {name: Probed([]) for name in feeds}
     tables = []
@@ -302,7 +309,7 @@ def probe(model, inputs, structure: str, max_length=None, sizes=(), widths=None)
                 found[name].embeddings.append(layer)
             if found[name].masking_layer is None and _masks_zero(layer, received):
                 found[name].masking_layer = layer.name
-    return Probe(found, tables, failures, size)
+    return found, tables
 
 
 def _weight_sizes(layers) -> list[int]:

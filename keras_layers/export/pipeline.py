@@ -238,11 +238,10 @@ def export_model(
     with Interrupts().watching() as interrupts, placement.staging_folder(output) as folder:
         run = Run(progress or no_progress, interrupts)
         converted = _convert(model, exporter, options, run, folder)
-        grid = converted.grid
         staged = _Staged.write(converted.slimmed.proto, folder, output)
         lean = memory.validates_lean(converted.external, converted.loaded.param_bytes)
         validation, checks = validate_stage(
-            exporter, converted.loaded, staged.graph, grid, options, run, lean
+            exporter, converted.loaded, staged.graph, converted.grid, options, run, lean
         )
         int8 = None
         if options.quantize and validation.passed:

@@ -167,7 +167,16 @@ def default_shapes(loaded: LoadedModel, int8: bool = False) -> list:
     """Batch 1, 2, 8 x lengths 1, 7, 64, 256, within what the model allows (a
     fixed length, the shortest it accepts, the longest its position tables
     hold), plus `padded`; for an `int8` export, the rows its gate needs too
-    (`int8_rows`)."""
+    (`int8_rows`).
+
+    Args:
+        loaded: the loaded model (its inputs' fixed lengths, `min_length`,
+            `max_length`; its outputs' axes for `int8_rows`).
+        int8: add the grid point the int8 gate needs.
+
+    Returns:
+        `(batch, length)` pairs, and `"padded"` where the model masks padding.
+    """
     fixed = [info.shape[1] for info in loaded.inputs if len(info.shape) > 1]
     fixed = [size for size in fixed if size is not None]
     if fixed:
@@ -1084,6 +1093,15 @@ def _session(onnx_path, lean_memory: bool):
         return f"ONNX Runtime cannot load the file: {one_line(str(error), 300)}"
 
 
+def _file_outputs(session, feeds: dict, names: dict) -> dict:
+    """ONNX Runtime's outputs for Keras' inputs, keyed by the model's names:
+    fed and read through `names` (model name -> the file's) where they differ."""
+    model_name = {file: model for model, file in names.items()}
+    outputs = [model_name.get(o.name, o.name) for o in session.get_outputs()]
+    fed = {names.get(name, name): value for name, value in feeds.items()}
+    return dict(zip(outputs, session.run(None, fed), strict=True))
+
+
 def validate(
     loaded: LoadedModel,
     onnx_path,
@@ -1118,8 +1136,7 @@ def validate(
         references: Keras' outputs computed beforehand (`keras_references`
             over the same grid); the model is not run again.
         min_top1: the int8 gate's pooled top-1 agreement (`INT8_MIN_TOP1`).
-        file_names: the file's names of the model's inputs and outputs where
-            they differ (`checking.validate`'s pairing): fed and read by those.
+        file_names: the file's own names where they differ (`_file_outputs`).
 
     Returns:
         One `Check` per output and grid point; `passed` when all pass.
@@ -1135,9 +1152,6 @@ def validate(
     if isinstance(session, str):
         result.error = session
         return result
-    names = dict(file_names or {})
-    model_name = {file: model for model, file in names.items()}
-    onnx_outputs = [model_name.get(o.name, o.name) for o in session.get_outputs()]
     grid = shapes or default_shapes(loaded)
     pool = _Pool()
     if references is None:
@@ -1147,8 +1161,7 @@ def validate(
         if reference.warning:
             result.warnings.append(reference.warning)
         try:
-            fed = {names.get(name, name): value for name, value in feeds.items()}
-            got = dict(zip(onnx_outputs, session.run(None, fed), strict=True))
+            got = _file_outputs(session, feeds, dict(file_names or {}))
         except Exception as error:  # noqa: BLE001 - the file's failure, reported as one
             result.error = (
                 f"ONNX Runtime fails on the {shape_label(shape)} input: {one_line(str(error), 300)}"
