@@ -710,7 +710,12 @@ def _print_passed(report: dict, seconds: float, verbose: bool, console) -> None:
     """The checks' table, the files written and (verbose) the fusions declined."""
     from rich.markup import escape
 
-    from keras_layers.export.display import int8_summary, render_report, render_streamed
+    from keras_layers.export.display import (
+        int8_summary,
+        render_quantized_folder,
+        render_report,
+        render_streamed,
+    )
 
     if "streamed" in report:
         render_streamed(report, console)
@@ -728,6 +733,7 @@ def _print_passed(report: dict, seconds: float, verbose: bool, console) -> None:
     )
     if "folder" in report:
         console.print(_folder_line(report["folder"]))
+        render_quantized_folder(report, console)
     if "int8" in report:
         console.print(
             f"[green]int8[/]: {escape(report['int8']['onnx_path'])} "

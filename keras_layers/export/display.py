@@ -143,8 +143,12 @@ def render_report(report: dict, console: Console) -> None:
         console: where to print.
     """
     table = Table(title="ONNX Runtime vs Keras", show_lines=False)
-    for column in ("shape", "output", "max abs diff", "max rel diff", "top-1", "result"):
-        table.add_column(column, justify="left" if column in ("shape", "output") else "right")
+    # The figures never wrap; the shape (a causal LM's labels are long) takes
+    # the width left, and folds rather than cutting a word in the middle.
+    table.add_column("shape", ratio=1, overflow="fold")
+    table.add_column("output", max_width=16, overflow="ellipsis")
+    for column in ("max abs", "max rel", "top-1", "result"):
+        table.add_column(column, justify="right", no_wrap=column != "result")
     for check in report["checks"]:
         top1 = "" if check["top1_agreement"] is None else f"{check['top1_agreement']:.1%}"
         problem = escape(check["problem"] or "")
@@ -204,6 +208,17 @@ def render_streamed(report: dict, console: Console) -> None:
         f"weights ({streamed['weight_bytes'] / 1e9:.2f} GB): no float32 copy, no float "
         f"decoder written; fused {report['graph']['fused'] or 'nothing'}"
     )
+    render_quantized_folder(report, console)
+
+
+def render_quantized_folder(report: dict, console: Console) -> None:
+    """Each quantized decoder of a folder (`--quantize int4|int8`, float or
+    streamed export): its size and its gate against Keras, a line each.
+
+    Args:
+        report: a folder export's report (`folder.quantized`, where asked).
+        console: where to print.
+    """
     for kind, gate in (report.get("folder") or {}).get("quantized", {}).items():
         genai = gate.get("genai_agreement")
         console.print(
@@ -211,7 +226,8 @@ def render_streamed(report: dict, console: Console) -> None:
             f"GB; greedy agreement {gate['greedy_agreement']:.3f}"
             + ("" if genai is None else f" (genai {genai:.3f})")
             + f", mean |log p change| {gate['mean_abs_log_prob_change']:.4f} nats/token"
-            + ("" if gate["passed"] else f": [red]FAIL[/] {escape(gate['failure'])}")
+            + ("" if gate["passed"] else f": [red]FAIL[/] {escape(gate['failure'])}"),
+            soft_wrap=True,
         )
 
 
