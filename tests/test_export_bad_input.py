@@ -415,14 +415,17 @@ def test_an_import_that_ends_the_process_is_a_usage_error(tmp_path, good_model):
 @pytest.mark.parametrize(
     "argv, said",
     [
+        (["MODEL", "--quantize", "int4"], "error: --quantize int4: 4-bit weights are for"),
+        (["MODEL", "--opset", "99"], "error: --opset 99: unsupported; choose 13-"),
         (["ghost/model.keras"], "error: ghost/model.keras: no such file"),
         (["--check-only", "ghost.keras", "x.onnx"], "error: ghost.keras: no such file"),
         (["--check-only", "MODEL", "ghost.onnx"], "error: ghost.onnx: no such file; give the"),
     ],
-    ids=["model", "checked model", "checked file"],
+    ids=["int4 for an encoder", "opset", "model", "checked model", "checked file"],
 )
 def test_a_missing_file_is_said_before_tensorflow_is_imported(tmp_path, good_model, argv, said):
-    """A typo took 10-12 s to report: TensorFlow was imported first."""
+    """A typo, or a flag that cannot apply, took 10-12 s to report: TensorFlow
+    was imported first (reading tf2onnx's opsets imported it)."""
     argv = [str(good_model) if arg == "MODEL" else arg for arg in argv]
     code = (
         "import sys\nfrom keras_layers.export.cli import main\n"
@@ -433,5 +436,5 @@ def test_a_missing_file_is_said_before_tensorflow_is_imported(tmp_path, good_mod
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert result.stdout.strip().splitlines()[-1] == "[] 2", result.stdout + result.stderr
-    assert result.stderr.strip() == said or result.stderr.strip().startswith(said), result.stderr
+    assert result.stderr.strip().startswith(said), result.stderr
     assert not list(tmp_path.iterdir())

@@ -19,6 +19,7 @@ onnxruntime since 1.14.
 """
 
 import re
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -79,9 +80,23 @@ def read_weights(proto) -> set[str]:
 
 
 def supported_opsets() -> range:
-    from tf2onnx import constants
-
+    """The opsets tf2onnx converts to, read from its `constants` module alone:
+    importing the `tf2onnx` package imports TensorFlow (10 s), and a bad flag
+    is refused before that."""
+    constants = sys.modules.get("tf2onnx.constants") or _tf2onnx_constants()
     return range(MIN_OPSET, max(constants.OPSET_TO_IR_VERSION) + 1)
+
+
+def _tf2onnx_constants():
+    """tf2onnx's `constants.py` (it imports onnx only), loaded on its own."""
+    import importlib.util
+
+    package = importlib.util.find_spec("tf2onnx")
+    location = Path(package.submodule_search_locations[0]) / "constants.py"
+    spec = importlib.util.spec_from_file_location("_keras_layers_tf2onnx_constants", location)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def check_opset(opset: int) -> int:
