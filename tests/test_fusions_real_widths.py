@@ -12,7 +12,10 @@ to fold away at one width and not at another): every fusion must fire as
 often at each width, and the graph be the tiny one's op for op.
 """
 
+import re
 from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -61,8 +64,11 @@ FUSED = {
         "RotaryEmbedding": 4,
     },
 }
-# Models whose feed-forward Dense has a bias, which the GELU after it takes in.
+# Models whose feed-forward Dense has a bias, which the GELU after it takes in,
+# and whose attention projects q, k and v with a bias, which the attention takes in.
 BIASED = ("bert", "roberta", "gpt2")
+# What may stand between a projection's product and the attention reading it.
+LAYOUT = ("Reshape", "Squeeze", "Unsqueeze", "Transpose")
 # What a decomposition that no rule fused leaves behind (BERT's pooler keeps its Tanh).
 DECOMPOSED = ("ReduceMean", "Sqrt", "Reciprocal", "Softmax", "Erf", "Pow")
 # A cached decoder's export checks generation too, 10-17 s at each width: under
@@ -94,20 +100,53 @@ def build(kind: str, width: int):
     return zoo_models.redraw(backbone)
 
 
+def projection_biases(model) -> list:
+    """Each layer's query, key and value biases, each flattened, concatenated:
+    the `bias` input of its fused attention."""
+    found = []
+    for layer in range(LAYERS):
+        by_side = {}
+        for weight in model.weights:
+            side = re.fullmatch(
+                rf"transformer_layer_{layer}/[^/]+/(query|key|value)/bias", weight.path
+            )
+            if side:
+                by_side[side.group(1)] = keras.ops.convert_to_numpy(weight).reshape(-1)
+        found.append(np.concatenate([by_side[side] for side in ("query", "key", "value")]))
+    return found
+
+
+@dataclass
+class Export:
+    """One model's export: its report, the graph (less its data file), the
+    file, and `projection_biases` of the model where it has them."""
+
+    report: dict
+    graph: onnx.GraphProto
+    path: Path
+    biases: list | None
+
+    @property
+    def nodes(self) -> list:
+        return list(self.graph.node)
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """`export(kind, width)`: (report, op types) of the model's export, made once."""
+    """`export(kind, width)`: the model's `Export`, made once."""
     made = {}
 
-    def export(kind: str, width: int):
+    def export(kind: str, width: int) -> Export:
         if (kind, width) not in made:
             path = tmp_path_factory.mktemp("widths") / f"{kind.replace(' ', '_')}_{width}.onnx"
+            model = build(kind, width)
             if kind == CACHED:
-                report = export_model(build(kind, width), path, task="causal-lm")
+                report = export_model(model, path, task="causal-lm")
             else:
-                report = export_model(build(kind, width), path, ExportOptions(shapes=[(2, 16)]))
+                report = export_model(model, path, ExportOptions(shapes=[(2, 16)]))
             graph = onnx.load(str(path), load_external_data=False).graph
-            made[kind, width] = report, list(graph.node)
+            biases = projection_biases(model) if kind in BIASED else None
+            made[kind, width] = Export(report, graph, path, biases)
         return made[kind, width]
 
     return export
@@ -126,7 +165,8 @@ def cases(widths) -> list:
 
 @pytest.mark.parametrize("kind, width", cases((TINY, REAL, *SLOW)))
 def test_every_fusion_fires_at_every_width(exported, kind, width):
-    report, nodes = exported(kind, width)
+    made = exported(kind, width)
+    report, nodes = made.report, made.nodes
     assert report["passed"], report["worst"]
     fused = {op: count for op, count in report["graph"]["fused"].items() if count}
     assert fused == FUSED[kind], report["graph"]["declined"]
@@ -137,12 +177,39 @@ def test_every_fusion_fires_at_every_width(exported, kind, width):
         assert [len(node.input) for node in gelus] == [2] * LAYERS, "a bias left out of a GELU"
 
 
+@pytest.mark.parametrize(
+    "kind, width", [case for case in cases((TINY, REAL)) if case.values[0] in BIASED]
+)
+def test_the_query_key_and_value_biases_are_the_attentions_bias_input(exported, kind, width):
+    """Keras' `EinsumDense` adds each projection's (heads, head size) bias in
+    an `Add` of its own; the fused op takes the three as its `bias` input (q's,
+    k's, then v's: 3 x width values) and adds them as it lays q, k and v out
+    by heads. No `Add` is left between a projection's product and the
+    attention, and the input holds the model's own biases, at 256 too, where
+    each (4, 64) bias is a matrix of 1 KiB in the staged data file."""
+    made = exported(kind, width)
+    report, nodes = made.report, made.nodes
+    assert report["passed"], report["worst"]
+    producer = {output: node for node in nodes for output in node.output}
+    stored = {tensor.name: tensor for tensor in made.graph.initializer}
+    attentions = [node for node in nodes if node.op_type == "MultiHeadAttention"]
+    assert len(attentions) == LAYERS
+    for node, biases in zip(attentions, made.biases, strict=True):
+        for name in node.input[:3]:
+            before = producer[name]
+            while before.op_type in LAYOUT:
+                before = producer[before.input[0]]
+            assert before.op_type in ("Gemm", "MatMul"), f"a {before.op_type} before the attention"
+        assert len(node.input) > 3 and node.input[3] in stored, "no bias input"
+        bias = weights.values(stored[node.input[3]], made.path.parent)
+        np.testing.assert_array_equal(bias, biases)
+
+
 @pytest.mark.parametrize("kind, width", cases((REAL, *SLOW)))
 def test_a_real_width_gives_the_tiny_widths_graph(exported, kind, width):
     """Op for op: a scale or a bias left beside the op it belongs in (an RMS
     norm's scale `Mul`, Gemma's `1 + scale`) adds nodes and fuses nothing less."""
-    _, tiny = exported(kind, TINY)
-    _, real = exported(kind, width)
+    tiny, real = exported(kind, TINY).nodes, exported(kind, width).nodes
     assert Counter(node.op_type for node in real) == Counter(node.op_type for node in tiny)
 
 

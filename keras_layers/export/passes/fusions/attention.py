@@ -210,6 +210,9 @@ class Attention:
     five_d: bool = False  # q and the output (B, T, K, G, H), see `grouped_attention`
     sinks: np.ndarray | None = None  # (N,) logits whose probability weighs no value
     mask_rank: int = 0  # the mask's rank where shape inference tells it
+    # The constant biases q, k and v were projected with (None for one without),
+    # which the fused op adds: q, k and v are then the products before them.
+    projection_biases: tuple = (None, None, None)
 
 
 def probabilities_reader(g, softmax):

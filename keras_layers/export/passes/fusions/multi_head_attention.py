@@ -6,9 +6,13 @@ fused op, the mask's additive bias (once per mask), the bias's broadcast,
 and the zeroing of rows that see no key where Keras zeroes them.
 """
 
-import numpy as np
-from onnx import helper
+from dataclasses import replace
+from functools import partial
 
+import numpy as np
+from onnx import TensorProto, helper
+
+from keras_layers.export.graph import weights
 from keras_layers.export.passes.context import Context, PassResult
 from keras_layers.export.passes.fusions import pattern
 from keras_layers.export.passes.fusions.attention import (
@@ -25,8 +29,68 @@ from keras_layers.export.passes.fusions.pattern import Rule, attribute, run_rule
 MAKES = ("MultiHeadAttention",)
 
 
-def _match(g, softmax):
-    """An `Attention` around `softmax`, or why not (see `attention`)."""
+def _projection_bias(g, name, folder):
+    """(x, the bias) when `name`, a q, k or v of (B, T, heads, H) or (B, T, K,
+    G, H), is `Add(x, c)`: c a float32 initializer that adds one value per
+    head and channel, the same at every batch row and position (the (N, H)
+    bias Keras' `EinsumDense` adds after the product), and x of `name`'s
+    own shape; else (name, None).
+
+    The fused op adds such a bias itself (its `bias` input) as it lays q, k
+    and v out by heads, where the `Add` is a pass of its own over each. Only
+    where the sum goes to this attention alone (read by one node, whose
+    output one node reads: the heads-first transpose and the product): an
+    `Add` that other nodes keep alive would be computed twice. A bias in
+    the staged data file (an (N, H) bias of 1 KiB or more, `weights.stage`)
+    is read from `folder`; with none given it stays an `Add`.
+    """
+    add = g.node(name, "Add")
+    if add is None or not g.only_used_by(name):
+        return name, None
+    (reader,) = g.consumers[name]
+    if not all(g.only_used_by(output) for output in reader.output):
+        return name, None
+    dims = g.shapes.get(name, (None,))[0]
+    if dims is None or not all(isinstance(size, int) for size in dims[2:]):
+        return name, None
+    first, second = add.input
+    for x, c in ((first, second), (second, first)):
+        tensor, x_dims = g.initializers.get(c), g.shapes.get(x, (None,))[0]
+        if tensor is None or tensor.data_type != TensorProto.FLOAT or x_dims is None:
+            continue
+        if len(x_dims) != len(dims) or list(x_dims[2:]) != list(dims[2:]):
+            continue
+        if weights.is_external(tensor) and folder is None:
+            continue
+        # c's dims, aligned on the right: 1 on the batch and position axes,
+        # 1 or x's own on the others, so the sum has x's shape
+        aligned = [1] * (len(dims) - len(tensor.dims)) + list(tensor.dims)
+        if len(aligned) != len(dims) or aligned[:2] != [1, 1]:
+            continue
+        if any(size not in (1, wanted) for size, wanted in zip(aligned[2:], dims[2:], strict=True)):
+            continue
+        values = np.asarray(weights.values(tensor, folder), np.float32).reshape(aligned[2:])
+        return x, np.broadcast_to(values, dims[2:]).reshape(-1)
+    return name, None
+
+
+def _with_projection_biases(g, found: Attention, folder) -> None:
+    """`found` reading q, k and v before their biases, which it then carries
+    (see `_projection_bias`). Not with sinks: the fused op would add the
+    key's and value's biases to the sinks' zero key and value too."""
+    if found.sinks is not None:
+        return
+    sides = [_projection_bias(g, name, folder) for name in (found.q, found.k, found.v)]
+    if all(bias is None for _, bias in sides):
+        return
+    (found.q, q_bias), (found.k, k_bias), (found.v, v_bias) = sides
+    found.projection_biases = (q_bias, k_bias, v_bias)
+
+
+def _match(g, softmax, folder=None):
+    """An `Attention` around `softmax`, or why not (see `attention`), its q,
+    k and v biases in the fused op where they are constants read from the
+    proto or from `folder` (see `_projection_bias`)."""
     found = probabilities_reader(g, softmax)
     if isinstance(found, str):
         return found
@@ -43,6 +107,7 @@ def _match(g, softmax):
         return found
     if isinstance(found.mask, str):
         found.mask_rank = len(g.shapes.get(found.mask, ((),))[0])
+    _with_projection_biases(g, found, folder)
     return found
 
 
@@ -291,6 +356,20 @@ class _Fused:
             self.nodes.append(helper.make_node("Reshape", [name["kept"], back], []))
 
 
+def _qkv_bias(edit, match: Attention) -> str:
+    """The fused op's `bias`: q's, k's and v's, each as the op reads its input
+    (k's and v's repeated for each group of query heads, as `_Fused.repeated`
+    repeats k and v), concatenated; zeros for one without."""
+    widths = (match.heads * match.size, *[match.heads // match.groups * match.size] * 2)
+    parts = []
+    for position, (bias, width) in enumerate(zip(match.projection_biases, widths, strict=True)):
+        bias = np.zeros(width, np.float32) if bias is None else bias
+        if position and match.groups > 1:  # head k * G + g reads head k
+            bias = np.repeat(bias.reshape(-1, match.size), match.groups, axis=0).reshape(-1)
+        parts.append(bias)
+    return edit.initializer(f"{match.out.output[0]}_qkv_bias", np.concatenate(parts))
+
+
 def _rewrite(edit, match: Attention) -> None:
     """`match` as a `MultiHeadAttention` and the nodes around it (see `run`)."""
     fused = _Fused(edit, match)
@@ -310,6 +389,8 @@ def _rewrite(edit, match: Attention) -> None:
         inputs = _with_sinks(edit, match, fused.name, fused.nodes, bias)
     elif bias is not None:
         inputs += fused.expanded(q, k, bias)
+    if any(part is not None for part in match.projection_biases):
+        inputs[3:4] = [_qkv_bias(edit, match)]
     for reader in match.shape_readers:
         _logits_shape(edit, q, k, heads, reader)
     fused.nodes.append(
@@ -418,7 +499,9 @@ def run(proto, context: Context) -> PassResult:
         return PassResult(proto, {"MultiHeadAttention": 0}, (("", "opset below 15"),))
     if context.cached_decoder:
         return PassResult(proto, {"MultiHeadAttention": 0})
-    result = run_rule(RULE, proto, context.shapes)
+    # The rule reading the q, k and v biases in the data file too.
+    rule = replace(RULE, match=partial(_match, folder=context.data_folder))
+    result = run_rule(rule, proto, context.shapes)
     declined = list(result.declined)
     pattern.apply(SEVERAL_AXES, proto, declined, context.shapes)
     return PassResult(proto, result.fused, tuple(declined), result.changed)
