@@ -249,7 +249,7 @@ def test_import_takes_a_path_and_says_where_a_name_was_searched(saved, capsys, t
     code, _, err = run_cli(capsys, model, "-o", tmp_path / "by_name.onnx", "--import", MODULE)
     assert code == 2 and not (tmp_path / "by_name.onnx").exists(), err
     assert_one_clear_line(err, f"{MODULE}: cannot import it: it is not in {elsewhere} (the working")
-    assert_one_clear_line(err, "--import path/to/module.py")
+    assert_one_clear_line(err, "(--import path/to/module.py)")
     sys.modules.pop(MODULE, None)
     output = tmp_path / "by_path.onnx"
     code, _, err = run_cli(capsys, model, "-o", output, "--import", saved[0] / f"{MODULE}.py")

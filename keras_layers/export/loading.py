@@ -255,7 +255,8 @@ def _import_one(name: str):
         missing = f"a module it imports, {error.name!r}," if error.name != module_name else "it"
         raise UsageError(
             f"{argument('imports', name)}: cannot import it: {missing} is not in {where}; run "
-            "from the folder that holds it, or give its path (--import path/to/module.py)"
+            "from the folder that holds it, or give its path "
+            f"({argument('imports', 'path/to/module.py')})"
         ) from error
     except (Exception, SystemExit) as error:  # noqa: BLE001 - the user's module
         raise UsageError(
