@@ -659,3 +659,23 @@ def test_a_folder_path_is_told_by_its_slash_or_an_existing_folder(tmp_path):
     assert genai_folder.is_folder(f"{tmp_path}/new/")
     assert genai_folder.is_folder(tmp_path)
     assert not genai_folder.is_folder(tmp_path / "model.onnx")
+
+
+def test_an_output_without_a_suffix_is_refused_naming_both_spellings(tmp_path, capsys):
+    """Issue #45, item 4: `-o gpt2_nofolder` wrote an ONNX file without
+    extension, which onnxruntime-genai cannot run (no genai_config.json).
+    Neither a suffix nor a final separator: a folder or a file? Refused
+    before any work, with both spellings."""
+    model = tmp_path / "lm.keras"
+    model.write_bytes(b"not read: the output is refused first")
+    output = tmp_path / "gpt2_nofolder"
+    assert main([str(model), "--task", "causal-lm", "-o", str(output)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"-o {output}: a folder or a file? Write -o {output}/ for the folder" in err
+    assert f"or -o {output}.onnx for the decoder file alone" in err
+    with pytest.raises(UsageError, match=r"output='.*gpt2_nofolder': a folder or a file"):
+        export_model(model, output, task="causal-lm")
+    assert [path.name for path in tmp_path.iterdir()] == ["lm.keras"]
+    for taken in (f"{output}/", f"{output}.onnx", tmp_path):  # a slash, a suffix, a folder
+        genai_folder.refuse_ambiguous_output("causal-lm", taken)
+    genai_folder.refuse_ambiguous_output("forward", output)  # only a decoder has a folder

@@ -32,7 +32,8 @@ def export_model(
         model: a `keras.Model` in memory, or the path of a `.keras` file.
         output: the ONNX file to write; with `task="causal-lm"`, a folder
             (`"FOLDER/"` or an existing folder) writes the folder
-            onnxruntime-genai runs.
+            onnxruntime-genai runs, and a path with neither a suffix nor a
+            final separator is refused as ambiguous.
         options: an `ExportOptions` (default: every default);
             `preprocessor=True` exports a keras-hub text task with its
             preprocessor as one file that takes strings; the folder's
@@ -56,6 +57,7 @@ def export_model(
     """
     options = pipeline.checked_options(options)
     genai_folder.refuse_folder_options(options, task, output)
+    genai_folder.refuse_ambiguous_output(task, output)
     if options.preprocessor:
         if task != "forward":
             raise UsageError(

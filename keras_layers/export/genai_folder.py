@@ -113,6 +113,32 @@ def is_folder(output) -> bool:
         return False
 
 
+def refuse_ambiguous_output(task: str, output) -> None:
+    """Refuse a causal LM's output path that names neither a folder nor a
+    file: no separator at its end, no suffix, and no folder there
+    (`gpt2_lm`). It could be meant as the genai folder (`gpt2_lm/`) or as the
+    decoder file (`gpt2_lm.onnx`), and the wrong guess gives no error until
+    onnxruntime-genai looks for `genai_config.json`.
+
+    Args:
+        task: the export's task.
+        output: the output path as given, or None.
+
+    Raises:
+        UsageError: the path is ambiguous; the message gives both spellings.
+    """
+    if task != "causal-lm" or output is None or is_folder(output):
+        return
+    path = Path(output)
+    if str(output) and path.suffix == "" and path.name not in ("", ".", ".."):
+        raise UsageError(
+            f"{argument('output', output)}: a folder or a file? Write "
+            f"{argument('output', f'{output}/')} for the folder onnxruntime-genai runs "
+            f"(decoder, genai_config.json, tokenizer), or {argument('output', f'{output}.onnx')} "
+            "for the decoder file alone"
+        )
+
+
 @dataclass(frozen=True)
 class SpecialIds:
     """The ids genai needs: the start token it adds, the end it stops at, the pad."""
