@@ -1,7 +1,8 @@
 """The forward int8 file and its gate (issue #45, item 2): each row of an
 activation is quantized alone, so a row's result never depends on the others
-(an all-padding row's NaN stays in it); every reason a failed int8 file fails
-reaches the terminal; the default grid holds the rows the gate needs."""
+(an all-padding row's NaN stays in it), and a bias after it is added, not
+scaled with the row; every reason a failed int8 file fails reaches the
+terminal; the default grid holds the rows the gate needs."""
 
 import json
 import math
@@ -106,6 +107,53 @@ def test_a_row_of_zeros_gives_zeros_and_a_row_with_one_nan_gives_nans(tmp_path):
     np.testing.assert_allclose(
         y[0], x[0] @ weight, rtol=0.05, atol=0.05 * np.abs(x[0] @ weight).max()
     )
+
+
+def test_a_bias_after_a_row_quantized_product_is_not_scaled_with_the_row(tmp_path):
+    """`x @ w + b` quantized per row, run as ONNX Runtime optimizes it: the
+    bias is added after the row scales, so the result is what the unfused
+    graph gives, and no further from float32 than the per-tensor file's.
+    ONNX Runtime fused the bias into its MatMulIntegerToFloat, whose kernel
+    then multiplied it by each row's scale (largest magnitude / 127)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal((64, 32)).astype(np.float32) / 8
+    bias = rng.uniform(-3, 3, 32).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["y"])],
+        "dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", 32])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")],
+    )
+    source = tmp_path / "dense.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), source)
+    # Rows a hundredfold apart in size: one scale per tensor leaves the small
+    # rows few steps, so per row must come out closer.
+    x = (rng.standard_normal((16, 64)) * np.geomspace(0.1, 10, 16)[:, None]).astype(np.float32)
+    expected = x @ weight + bias
+
+    def run(path, level):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return session.run(None, {"x": x})[0]
+
+    def error(found):
+        return float(np.linalg.norm(found - expected) / np.linalg.norm(expected))
+
+    levels = ort.GraphOptimizationLevel
+    found = {}
+    for rows in (True, False):
+        target = tmp_path / f"dense.rows_{rows}.onnx"
+        quantizing.quantize_int8(source, target, rows=rows)
+        found[rows] = run(target, levels.ORT_ENABLE_ALL)
+        np.testing.assert_allclose(
+            found[rows], run(target, levels.ORT_DISABLE_ALL), rtol=1e-5, atol=1e-5
+        )
+    per_row, per_tensor = error(found[True]), error(found[False])
+    assert per_row <= per_tensor < 0.05, (per_row, per_tensor)
 
 
 def test_a_failed_int8_validation_names_every_reason():
