@@ -34,7 +34,7 @@ from keras_layers.export import (
     generate,
     loading,
 )
-from keras_layers.export.cli import EXIT_USAGE, main
+from keras_layers.export.cli import EXIT_INVALID, EXIT_USAGE, main
 from keras_layers.export.errors import UsageError, ValidationFailed
 
 pytestmark = [
@@ -52,6 +52,11 @@ FOLDER_FILES = {
     "tokenizer_config.json",
     "special_tokens_map.json",
 }
+
+
+def _visible(folder) -> set:
+    """The names a listing shows (the export's store and lock are hidden)."""
+    return {path.name for path in folder.iterdir() if not path.name.startswith(".")}
 
 
 def _lm(kind: str, seed: int = 1, sequence_length: int = 32, **changes):
@@ -140,7 +145,7 @@ def exported(request, tmp_path_factory):
 
 def test_the_folder_holds_the_model_its_config_and_tokenizer(exported):
     lm, folder = exported
-    assert {path.name for path in folder.iterdir()} == FOLDER_FILES
+    assert _visible(folder) == FOLDER_FILES
     config = json.loads((folder / "genai_config.json").read_text())
     tokenizer = lm.preprocessor.tokenizer
     assert config["model"]["eos_token_id"] == tokenizer.end_token_id
@@ -399,8 +404,7 @@ def test_a_model_without_preprocessor_needs_the_end_id_it_is_given(tmp_path):
     assert not (tmp_path / "refused").exists()
     options = ExportOptions(end_token_id=63)
     report = export_model(lm, f"{tmp_path}/ids/", options, task="causal-lm")  # ends in /: a folder
-    names = {path.name for path in (tmp_path / "ids").iterdir()}
-    assert names == {"model.onnx", "genai_config.json", "report.json"}
+    assert _visible(tmp_path / "ids") == {"model.onnx", "genai_config.json", "report.json"}
     config = json.loads((tmp_path / "ids" / "genai_config.json").read_text())["model"]
     assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (63, 63, 63)
     assert report["folder"]["chosen"]["end_token_id_from"] == "end_token_id, as given"
@@ -679,3 +683,114 @@ def test_an_output_without_a_suffix_is_refused_naming_both_spellings(tmp_path, c
     for taken in (f"{output}/", f"{output}.onnx", tmp_path):  # a slash, a suffix, a folder
         genai_folder.refuse_ambiguous_output("causal-lm", taken)
     genai_folder.refuse_ambiguous_output("forward", output)  # only a decoder has a folder
+
+
+def test_another_model_exported_into_a_folder_leaves_none_of_its_files(from_file, tmp_path):
+    """Issue #45, item 17: a model without preprocessor exported into the
+    folder of a GPT-2 saved with its tokenizer. The GPT-2's tokenizer files
+    go with its decoder (they were left beside the new one, and genai and
+    `generate` ran them on it without an error); the user's file stays."""
+    _, _, exported = from_file
+    folder = tmp_path / "deploy"
+    shutil.copytree(exported, folder, symlinks=True)
+    (folder / "notes.txt").write_text("mine")
+    options = ExportOptions(end_token_id=63)
+    report = export_model(_ids_lm(), f"{folder}/", options, task="causal-lm")
+    assert _visible(folder) == {"model.onnx", "genai_config.json", "report.json", "notes.txt"}
+    assert json.loads((folder / "report.json").read_text())["onnx_path"] == report["onnx_path"]
+    assert json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"] == 64
+    assert (folder / "notes.txt").read_text() == "mine"
+    with pytest.raises(ValueError, match="tokenizer.json"):
+        generate(folder, "a prompt", 4)
+
+
+def test_a_file_where_the_int4_folder_goes_exits_2_before_any_work(tmp_path, capsys):
+    """Issue #45, item 18: a file at FOLDER/int4 was an internal error
+    (exit 3) after the whole export; it is exit 2 naming it, before any."""
+    saved = tmp_path / "lm.keras"
+    _ids_lm().save(saved)
+    folder = tmp_path / "deploy"
+    folder.mkdir()
+    (folder / "int4").write_text("mine")
+    argv = [str(saved), "--task", "causal-lm", "-o", f"{folder}/", "--quantize", "int4"]
+    assert main([*argv, "--end-token-id", "63"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"{folder}/int4 is a file, where the export's int4 folder goes; remove" in err
+    assert [path.name for path in folder.iterdir()] == ["int4"]
+    assert (folder / "int4").read_text() == "mine"
+
+
+def test_a_failed_int4_gate_in_the_working_folder_exits_1_and_keeps_it_beside(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue #45, item 18: `-o ./` with a quantized gate that fails was
+    exit 3 ("PosixPath('.') has an empty name"): exit 1, the refused int4
+    folder kept beside the working folder, which is as it was."""
+    saved = tmp_path / "lm.keras"
+    _ids_lm().save(saved)
+    folder = tmp_path / "deploy"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    monkeypatch.chdir(folder)
+    argv = [str(saved), "--task", "causal-lm", "-o", "./", "--quantize", "int4"]
+    assert main([*argv, "--end-token-id", "63", "--decoder-max-nll-change", "0"]) == EXIT_INVALID
+    err = capsys.readouterr().err
+    assert "the int4 decoder fails its gate" in err
+    assert f"the int4 folder was kept as {tmp_path / 'deploy.int4.failed'}" in err
+    assert [path.name for path in folder.iterdir()] == ["notes.txt"]
+    assert (tmp_path / "deploy.int4.failed" / "model.onnx").is_file()
+
+
+def test_a_refused_int4_folder_is_not_moved_onto_a_link_leading_nowhere(tmp_path):
+    """Issue #45, item 18: a dangling link at FOLDER.int4.failed was an
+    internal error (exit 3) when the gate failed: the gate's failure is
+    raised (exit 1), saying the folder was not kept, and the link stays."""
+    staging = tmp_path / "staging"
+    (staging / "int4").mkdir(parents=True)
+    kept = tmp_path / "deploy.int4.failed"
+    kept.symlink_to(tmp_path / "nowhere")
+    gate = {"passed": False, "failure": "greedy agreement 0.1 < 0.5"}
+    options = ExportOptions(quantize="int4")
+    with pytest.raises(ValidationFailed, match=r"int4 folder was not kept \(.*failed exists"):
+        folder = tmp_path / "deploy"
+        genai_folder._gate_quantized({"folder": {}}, staging, folder, options, (), gate)
+    assert kept.is_symlink() and not kept.exists()
+
+
+@pytest.fixture(scope="module")
+def far_ids(tmp_path_factory):
+    """A GPT-2 saved with a tokenizer one of whose ids (2,000,000,000) lies
+    past the 501 rows of its embedding."""
+    keras.utils.set_random_seed(1)
+    base = zoo_tokenizers.build("GPT2Tokenizer")
+    vocabulary = {**base.vocabulary, "zzzqqq": 2_000_000_000}
+    tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=list(base.merges))
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=tokenizer.vocabulary_size(),
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=32,
+    )
+    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=16)
+    path = tmp_path_factory.mktemp("far_ids") / "far.keras"
+    keras_hub.models.GPT2CausalLM(backbone, preprocessor=preprocessor).save(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--task", "causal-lm", "-o", "{tmp}/deploy/"], ["--tokenizer-only", "-o", "{tmp}/tok"]],
+    ids=["folder", "tokenizer only"],
+)
+def test_a_tokenizer_whose_ids_pass_the_embedding_exits_2_before_any_file(
+    far_ids, tmp_path, capsys, flags
+):
+    """Issue #45, item 18: the ids were not checked against the model's rows:
+    `std::bad_alloc` with --tokenizer-only (a reader's table as long as the
+    largest id), an error deep in Keras' lookup in a folder export (exit 3)."""
+    assert main([str(far_ids), *(flag.format(tmp=tmp_path) for flag in flags)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "GPT2Tokenizer's ids reach 2000000000, past the 501 rows of" in err
+    assert list(tmp_path.iterdir()) == []

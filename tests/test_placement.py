@@ -136,8 +136,8 @@ def test_a_failed_export_changes_no_file_of_the_user(tmp_path, model_path):
     failed = tmp_path / "m.failed.onnx"
     assert raised.value.report["onnx_path"] == str(failed)
     # The failed file reads its own data file, never the good export's.
-    assert placement._data_files_read_by(failed) == {Path(raised.value.report["data_files"][0])}
-    assert placement._data_files_read_by(out) != placement._data_files_read_by(failed)
+    assert placement.data_files_read_by(failed) == {Path(raised.value.report["data_files"][0])}
+    assert placement.data_files_read_by(out) != placement.data_files_read_by(failed)
     np.testing.assert_allclose(logits(failed), logits(out), atol=1e-4)
 
 
@@ -206,7 +206,7 @@ def test_external_data_is_replaced_atomically(tmp_path, model_path, monkeypatch)
     between the two leaves the old graph reading its old, intact data."""
     out = tmp_path / "m.onnx"
     export_model(model_path, out, ExportOptions(shapes=[(1, 4)], external_data="always"))
-    (old_data,) = placement._data_files_read_by(out)
+    (old_data,) = placement.data_files_read_by(out)
     expected = logits(out)
     other = save(tied_encoder(layers=2, name="other"), tmp_path / "other.keras")  # new weights
 
@@ -224,13 +224,13 @@ def test_external_data_is_replaced_atomically(tmp_path, model_path, monkeypatch)
         export_model(other, out, ExportOptions(shapes=[(1, 4)], external_data="always"))
     monkeypatch.undo()
     assert calls[0].endswith(".data") and calls[0] != old_data.name  # data first, new name
-    assert placement._data_files_read_by(out) == {old_data}
+    assert placement.data_files_read_by(out) == {old_data}
     assert sorted(tmp_path.glob("m.onnx.*.data")) == [old_data]  # the new data taken back
     np.testing.assert_array_equal(logits(out), expected)
     # A successful replacement removes the data file only the old graph read.
     export_model(other, out, ExportOptions(shapes=[(1, 4)], external_data="always"))
     assert not old_data.exists()
-    (new_data,) = placement._data_files_read_by(out)
+    (new_data,) = placement.data_files_read_by(out)
     assert new_data.exists() and new_data.name.startswith("m.onnx.")
 
 
@@ -248,7 +248,7 @@ def test_external_data_always_works_when_every_tensor_is_small(tmp_path):
     assert report["passed"] and report["external_data"] is False and report["data_files"] == []
     assert any("no data file was written" in warning for warning in report["warnings"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.onnx", "s.report.json"]
-    assert placement._data_files_read_by(out) == set()
+    assert placement.data_files_read_by(out) == set()
     ort.InferenceSession(str(out))
 
 
@@ -370,7 +370,7 @@ def test_two_exports_to_one_output_never_leave_a_graph_without_its_data(
     b.join(timeout=120)
     monkeypatch.undo()
     assert not errors and not a.is_alive() and not b.is_alive()
-    read = placement._data_files_read_by(out)
+    read = placement.data_files_read_by(out)
     assert read and all(path.exists() for path in read), "the graph reads a missing data file"
     assert set(tmp_path.glob("m.onnx.*.data")) == read  # the other export's data removed
     logits(out)
@@ -417,7 +417,7 @@ def test_only_data_files_the_replaced_graph_read_beside_it_are_removed(tmp_path,
     graph_reading(
         out, ["keep/m.onnx.precious.data", "../m.onnx.outside.data", str(absolute), "m.onnx.data"]
     )
-    followed = placement._data_files_read_by(out)
+    followed = placement.data_files_read_by(out)
     unrelated = folder / "m.onnx.precious.data"
     unrelated.write_bytes(b"mine")
     survivors = [unrelated, folder / "keep" / "m.onnx.precious.data", outside, absolute]
@@ -433,10 +433,10 @@ def test_only_data_files_the_replaced_graph_read_beside_it_are_removed(tmp_path,
 def test_a_data_file_another_graph_beside_reads_is_kept(tmp_path, model_path, other_model):
     out = tmp_path / "m.onnx"
     export_model(model_path, out, APART)
-    (data,) = placement._data_files_read_by(out)
+    (data,) = placement.data_files_read_by(out)
     shutil.copyfile(out, tmp_path / "backup.onnx")
     export_model(other_model, out, APART)
-    assert data.exists() and placement._data_files_read_by(out) != {data}
+    assert data.exists() and placement.data_files_read_by(out) != {data}
     logits(tmp_path / "backup.onnx")
 
 

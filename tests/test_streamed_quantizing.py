@@ -12,6 +12,7 @@ its gate's figures its figures. Peak memory is measured, not asserted, by
 
 import collections
 import hashlib
+import shutil
 
 import keras
 import keras_hub
@@ -69,11 +70,15 @@ def bf16_llama(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def both_folders(bf16_llama, tmp_path_factory):
-    """(float32 path's report and folder, streamed path's report and folder)."""
+    """(float32 path's report and folder, streamed path's report and folder).
+    The streamed export is written over a copy of the float32 folder, as a
+    user re-exports into the same folder (none of the float files may stay)."""
     root = tmp_path_factory.mktemp("folders")
     made = []
     for dtype in ("float32", "keep"):
         folder = root / dtype
+        if dtype == "keep":
+            shutil.copytree(root / "float32", folder, symlinks=True)
         options = ExportOptions(quantize="int4", weights_dtype=dtype, **OPEN_GATE)
         report = export_model(bf16_llama, f"{folder}/", options, task="causal-lm")
         made.append((report, folder))
@@ -163,8 +168,12 @@ def test_a_tied_output_projection_is_quantized_as_the_float32_path_does(tmp_path
 
 
 def test_the_streamed_folder_is_what_genai_runs_and_nothing_else(both_folders):
+    """Written over the float folder, the streamed folder shows only its int4
+    folder and report: the float decoder, config and tokenizer files went
+    with the switch (issue #45, item 17: they stayed beside the new report)."""
     (_, float_folder), (report, folder) = both_folders
-    assert sorted(p.name for p in folder.iterdir()) == ["int4", "report.json"]
+    visible = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+    assert visible == ["int4", "report.json"]
     inside = {p.name for p in (folder / "int4").iterdir()}
     float_inside = {p.name for p in (float_folder / "int4").iterdir()}
     assert inside == float_inside | {"model.onnx.data"}

@@ -616,6 +616,7 @@ def _tokenizer_only(args, demo_dir: Path, console) -> tuple[dict, float]:
     from keras_layers.export.display import StageDisplay
     from keras_layers.export.errors import UsageError, command_line_wording
     from keras_layers.export.tokenizer_files import export_tokenizer
+    from keras_layers.export.tokenizer_files.vocabulary_fit import check_ids_fit, embedding_rows
 
     del demo_dir
     refused = [
@@ -643,6 +644,9 @@ def _tokenizer_only(args, demo_dir: Path, console) -> tuple[dict, float]:
                 "preprocessor, so it holds no tokenizer; save the task with its preprocessor "
                 "(task.save keeps it), or call export_tokenizer(tokenizer, folder) on the tokenizer"
             )
+        rows = embedding_rows(model)
+        if rows is not None:  # before any file: ids past the rows are not the model's
+            check_ids_fit(preprocessor, rows, f"MODEL {args.model}")
         written = export_tokenizer(preprocessor, folder)
     return written.report(), time.perf_counter() - start
 

@@ -50,13 +50,22 @@ check, quantized one weight at a time (`streamed_quantizing`) into
 gate of 6 alone: no float32 copy of the weights is made, and no float decoder
 is written.
 
-7. place: only when everything passed are the files moved into FOLDER, each
-   by an atomic rename under the export's lock (data files first, the config
-   last); other files in FOLDER are left alone. On any failure FOLDER is as
-   it was.
+7. place: only when everything passed are the files placed, as one set
+   (`folder_placement`): FOLDER shows the last export's files or the new
+   one's, never a mix, at every instant (a SIGKILL included); what the last
+   export wrote and this one does not (its tokenizer, its `int4/`) goes with
+   the switch; other files in FOLDER are left alone. On any failure FOLDER
+   is as it was.
+
+Before any conversion, an `-o` without a suffix is refused (`refuse_ambiguous_output`:
+a folder or a file?), an entry of the other kind at one of the export's names
+(a file at `FOLDER/int4`) is refused (`folder_placement.check_names`), and
+so is a tokenizer whose ids reach past the decoder's rows
+(`tokenizer_files.vocabulary_fit`).
 """
 
 import json
+import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -67,6 +76,7 @@ import numpy as np
 from keras_layers.export import (
     causal_lm,
     decoder_gate,
+    folder_placement,
     generation,
     inputs,
     loading,
@@ -76,11 +86,13 @@ from keras_layers.export import (
     quantizing,
     streamed_quantizing,
 )
-from keras_layers.export.errors import OutputError, UsageError, ValidationFailed, argument
+from keras_layers.export.errors import UsageError, ValidationFailed, argument
 from keras_layers.export.graph import weights
 from keras_layers.export.options import ACCURACY_LEVEL, SAMPLER_DEFAULTS, ExportOptions
 from keras_layers.export.pipeline import checked_options, export_model
+from keras_layers.export.tokenizer_files.exporting import FILE_NAMES as TOKENIZER_FILES
 from keras_layers.export.tokenizer_files.gate import check_folder, export_tokenizer
+from keras_layers.export.tokenizer_files.vocabulary_fit import check_ids_fit
 
 MODEL_FILE = "model.onnx"
 CONFIG_FILE = "genai_config.json"
@@ -822,8 +834,7 @@ def _gate_quantized(report: dict, staging: Path, folder: Path, options, sides, g
     report["folder"]["quantized"] = {kind: gate}
     if not gate["passed"]:
         report["passed"] = False
-        kept = _keep_failed(staging / kind, folder)
-        where = f"kept as {kept}" if kept else "not kept (a path of its name exists)"
+        where = _keep_failed(staging / kind, folder)
         raise ValidationFailed(
             f"the {kind} decoder fails its gate: {gate['failure']}. Nothing was placed; the "
             f"{kind} folder was {where}",
@@ -831,14 +842,22 @@ def _gate_quantized(report: dict, staging: Path, folder: Path, options, sides, g
         )
 
 
-def _keep_failed(sub: Path, folder: Path) -> Path | None:
+def _keep_failed(sub: Path, folder: Path) -> str:
     """Move a refused quantized folder beside FOLDER as `FOLDER.<kind>.failed`,
-    unless a path of that name exists (then it goes with the staging folder)."""
-    kept = folder.with_name(f"{folder.name}.{sub.name}.failed")
-    if kept.exists():
-        return None
-    shutil.move(str(sub), str(kept))
-    return kept
+    unless that cannot be (then it goes with the staging folder); returns
+    where it went, for the message. FOLDER is made absolute first: `-o ./`
+    names the working folder, whose name is not in the path."""
+    absolute = Path(os.path.abspath(folder))
+    if not absolute.name:
+        return "not kept (the folder has no parent to keep it in)"
+    kept = absolute.with_name(f"{absolute.name}.{sub.name}.failed")
+    if os.path.lexists(kept):  # a link leading nowhere is a path too
+        return f"not kept ({kept} exists; remove it to keep the next one)"
+    try:
+        shutil.move(str(sub), str(kept))
+    except OSError as error:
+        return f"not kept ({kept}: {error.strerror or error})"
+    return f"kept as {kept}"
 
 
 def _checked(options, folder) -> ExportOptions:
@@ -856,13 +875,13 @@ def _checked(options, folder) -> ExportOptions:
     return options
 
 
-def _placed(report: dict, folder: Path, staging: Path) -> list:
-    """The moves into `folder` (a quantized folder's into its own inside it):
-    data files, the models, the rest, each config last."""
-    report.update(onnx_path=str(folder / MODEL_FILE), report_path=str(folder / REPORT_FILE))
-    staged = [path for path in staging.rglob("*") if path.is_file()]
-    ordered = sorted(staged, key=lambda path: (path.name == CONFIG_FILE, len(path.parts), path))
-    return [(path, folder / path.relative_to(staging)) for path in ordered]
+def _names(streamed: bool, preprocessor, options) -> tuple[list, list]:
+    """The files and folders the export places at FOLDER's top level
+    (`folder_placement.check_names` checks them before any work)."""
+    files = [REPORT_FILE]
+    if not streamed:  # the streamed export writes its decoder, config and tokenizer in int4/
+        files += [MODEL_FILE, CONFIG_FILE, *(TOKENIZER_FILES if preprocessor is not None else ())]
+    return files, [options.quantize] if options.quantize else []
 
 
 def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=CHECK_PROMPTS):
@@ -871,8 +890,9 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
     Args:
         lm: a keras-hub `CausalLM` (its preprocessor attached for text in and
             out, or None for ids), or the path of a `.keras` file holding one.
-        folder: the folder to write (created if missing; other files in it
-            are left alone).
+        folder: the folder to write (created if missing): its files are
+            the last export's or this one's, never a mix
+            (`folder_placement`); other files in it are left alone.
         options: the export's `ExportOptions` (tolerances, opset, `quantize`,
             the config's `sampler`, `context_length`, `end_token_id`, ...);
             `report_path` and `external_data="always"` are refused.
@@ -889,9 +909,10 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
 
     Raises:
         UsageError: not a causal LM, an option refused, a tokenizer that
-            cannot be written, no end id known (`special_ids`), or no
-            context length (`context_of`).
-        OutputError: `folder` cannot hold the files.
+            cannot be written or whose ids reach past the decoder's rows, no
+            end id known (`special_ids`), or no context length (`context_of`).
+        OutputError: `folder` cannot hold the files (an entry of the other
+            kind at one of their names), before any work.
         ValidationFailed: the decoder, the tokenizer files or the folder in
             genai (or `generate`) differ from Keras; nothing is placed.
 
@@ -905,7 +926,7 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
     >>> lm = keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
     >>> report = export_folder(lm, tmp / "gpt2", ExportOptions(end_token_id=63))
     >>> sorted(path.name for path in (tmp / "gpt2").iterdir())
-    ['genai_config.json', 'model.onnx', 'report.json']
+    ['.keras-layers', 'genai_config.json', 'model.onnx', 'report.json']
     """
     folder = check_folder(folder)
     options = _checked(options, folder)
@@ -914,7 +935,10 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
     loaded = loading.load(lm, imports=options.imports, unsafe=options.unsafe, stored=streamed)
     decoder = causal_lm.describe(loaded)
     preprocessor = getattr(loaded.model, "preprocessor", None)
+    if preprocessor is not None:
+        check_ids_fit(preprocessor, decoder.vocabulary, "the decoder")
     ids = special_ids(preprocessor, decoder.vocabulary, options.end_token_id)
+    folder_placement.check_names(folder, *_names(streamed, preprocessor, options))
     context, context_from = context_of(loaded, preprocessor, options.context_length)
     expected = expectations(loaded, decoder, prompts, NEW_TOKENS, context, ids.eos)
     if not expected:
@@ -923,10 +947,6 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
             "new token after it: give shorter prompts"
         )
     keras = _held_out_side(loaded, decoder, context) if options.quantize else None
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise OutputError(f"{argument('folder', folder)}: {error.strerror or error}") from error
     searches = {shared: search_settings(options, context, shared) for shared in (True, False)}
     told = getattr(getattr(preprocessor, "tokenizer", None), "end_token_id", None) is not None
     chosen = {
@@ -939,18 +959,13 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
     heads = query_heads(loaded.model, decoder)
     described = _Described(loaded, decoder, preprocessor, ids, context, searches, heads, chosen)
     described.seconds["load_and_keras"] = time.perf_counter() - started
-    with placement.staging_folder(folder) as staging:
+    with folder_placement.staging(folder) as staging:
         write = _write_streamed if streamed else _write_float
         report = write(described, staging, folder, options, (expected, keras))
-        placement.write_json(report, staging / REPORT_FILE)  # to be among the moves
-        moves = _placed(report, folder, staging)  # the report names the placed paths
-        if streamed:
-            report["onnx_path"] = str(folder / options.quantize / MODEL_FILE)
+        decoder_path = folder / options.quantize / MODEL_FILE if streamed else folder / MODEL_FILE
+        report.update(onnx_path=str(decoder_path), report_path=str(folder / REPORT_FILE))
         placement.write_json(report, staging / REPORT_FILE)
-        for _, target in moves:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        with placement.output_lock(folder / MODEL_FILE):
-            placement.place(moves)
+        folder_placement.place_folder(staging, folder)
     return report
 
 

@@ -1,4 +1,5 @@
-"""Where the files of an export go, and the only module that touches the user's paths.
+"""Where the files of an export go: with folder_placement.py (a genai folder's
+files, placed as one set), the only modules that touch the user's paths.
 
 Every file is first written into a staging folder beside the output (same file
 system, so a rename is atomic) and moved into place only after the whole export
@@ -111,7 +112,7 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def _data_files_read_by(graph: Path) -> set[Path]:
+def data_files_read_by(graph: Path) -> set[Path]:
     """The external data files an existing ONNX graph reads, as paths: each
     `location` joined to the graph's folder, as ONNX Runtime resolves it (none
     if the file is not a graph, or cannot be parsed). A location that is
@@ -293,10 +294,10 @@ def _remove_stale_staging(output: Path) -> None:
         except OSError:
             continue
         if stat.S_ISDIR(info.st_mode) and time.time() - info.st_mtime > STALE_SECONDS:
-            _remove_unless_held(entry)
+            remove_unless_held(entry)
 
 
-def _hold_folder(folder: Path) -> int | None:
+def hold_folder(folder: Path) -> int | None:
     """A descriptor holding a shared lock on a live export's staging folder
     (None without `fcntl`)."""
     if fcntl is None:
@@ -306,7 +307,7 @@ def _hold_folder(folder: Path) -> int | None:
     return descriptor
 
 
-def _remove_unless_held(folder: Path) -> None:
+def remove_unless_held(folder: Path) -> None:
     """Remove a stale staging folder, unless the export that made it still runs."""
     if fcntl is None:
         shutil.rmtree(folder, ignore_errors=True)
@@ -338,23 +339,40 @@ def staging_folder(output: Path) -> Iterator[Path]:
             tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=STAGING_SUFFIX)
         )
     except OSError as error:
-        _remove_empty(made)
+        remove_empty(made)
         raise OutputError(
             f"{argument('output', output)}: cannot create a staging folder in "
             f"{output.parent} ({error.strerror or error})"
         ) from error
+    with holding(folder, made):
+        yield folder
+
+
+@contextmanager
+def holding(folder: Path, made: list[Path]) -> Iterator[Path]:
+    """Hold a staging folder (`hold_folder`) while its export runs; on every
+    exit, remove it with whatever is left in it, and the folders of `made`
+    (those the export created on the way to it) that are still empty.
+
+    Args:
+        folder: the staging folder.
+        made: the folders the export created, outermost first.
+
+    Yields:
+        `folder`.
+    """
     held = None
     try:
-        held = _hold_folder(folder)
+        held = hold_folder(folder)
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         if held is not None:
             os.close(held)
-        _remove_empty(made)
+        remove_empty(made)
 
 
-def _remove_empty(folders: list[Path]) -> None:
+def remove_empty(folders: list[Path]) -> None:
     """Remove the folders an export made, deepest first, where still empty."""
     for folder in reversed(folders):
         try:
@@ -373,9 +391,9 @@ def remove_failed(targets: Targets) -> None:
         targets: the successful export's final paths.
     """
     failed = targets.failed()
-    kept = _data_files_read_by(targets.onnx)
+    kept = data_files_read_by(targets.onnx)
     stale = [failed.onnx, failed.int8, failed.report]
-    stale += [data for data in _data_files_read_by(failed.onnx) if data not in kept]
+    stale += [data for data in data_files_read_by(failed.onnx) if data not in kept]
     for path in stale:
         try:
             if path.is_file() and not path.is_symlink():
@@ -451,7 +469,7 @@ def output_lock(output: Path) -> Iterator[None]:
         os.close(descriptor)
 
 
-def _umask() -> int:
+def umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -570,7 +588,7 @@ def _remove_stale_data(old_data: set[Path], graphs: list[Path]) -> None:
     """Remove the data files only the replaced graphs read (the module docstring)."""
     if not old_data:
         return
-    still_read = set().union(*(_data_files_read_by(g) for g in graphs))
+    still_read = set().union(*(data_files_read_by(g) for g in graphs))
     for stale in sorted(old_data - still_read):
         if _ours(stale, graphs) and not _mentioned_by_a_graph_beside(stale, graphs):
             stale.unlink(missing_ok=True)
@@ -580,7 +598,7 @@ def _rename_all(ordered: list[tuple[Path, Path]], graphs: list[Path], old_data: 
     """Rename each staged file onto its destination. If one fails, the data
     files placed before it that no graph reads are taken back, and the
     failure is an `OutputError` saying what the output paths hold."""
-    mode = 0o666 & ~_umask()
+    mode = 0o666 & ~umask()
     placed = []
     for staged, final in ordered:
         try:
@@ -588,7 +606,7 @@ def _rename_all(ordered: list[tuple[Path, Path]], graphs: list[Path], old_data: 
             os.replace(staged, final)
         except OSError as error:
             replaced = [path for path in placed if path in graphs]
-            read = set().union(old_data, *(_data_files_read_by(g) for g in replaced))
+            read = set().union(old_data, *(data_files_read_by(g) for g in replaced))
             for path in placed:
                 if path not in graphs and path.name.endswith(".data") and path not in read:
                     path.unlink(missing_ok=True)
@@ -629,7 +647,7 @@ def place(moves: list[tuple[Path, Path]]) -> None:
     copies: list[Path] = []
     try:
         ordered = _beside_destinations(ordered, copies)
-        old_data = set().union(*(_data_files_read_by(g) for g in graphs if g.exists()))
+        old_data = set().union(*(data_files_read_by(g) for g in graphs if g.exists()))
         _rename_all(ordered, graphs, old_data)
         _remove_stale_data(old_data, graphs)
     finally:

@@ -80,6 +80,8 @@ _BEHAVIOUR = {
         "id_to_token",
     ),
 }
+# The files `write_tokenizer` writes, in its order.
+FILE_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 _NO_VOCABULARY = {
     "BytePairTokenizer": "vocabulary",
     "SentencePieceTokenizer": "proto",
@@ -322,10 +324,10 @@ def write_tokenizer(tokenizer_or_preprocessor, folder) -> TokenizerFiles:
     roles = _roles(converted, tokenizer, framing)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    files = (
-        _write_json(folder / "tokenizer.json", document),
-        _write_json(folder / "tokenizer_config.json", _config(converted, roles, document, framing)),
-        _write_json(folder / "special_tokens_map.json", roles),
+    contents = (document, _config(converted, roles, document, framing), roles)
+    files = tuple(
+        _write_json(folder / name, content)
+        for name, content in zip(FILE_NAMES, contents, strict=True)
     )
     return TokenizerFiles(
         folder=folder,
