@@ -87,10 +87,12 @@ def _with_projection_biases(g, found: Attention, folder) -> None:
     found.projection_biases = (q_bias, k_bias, v_bias)
 
 
-def _match(g, softmax, folder=None):
-    """An `Attention` around `softmax`, or why not (see `attention`), its q,
-    k and v biases in the fused op where they are constants read from the
-    proto or from `folder` (see `_projection_bias`)."""
+def _match(g, softmax, folder=None, biases: bool = False):
+    """An `Attention` around `softmax`, or why not (see `attention`); with
+    `biases` (this rule's own rewrite), its q, k and v biases in the fused op
+    where they are constants read from the proto or from `folder` (see
+    `_projection_bias`). Other rules that reuse the match
+    (`group_query_attention`) keep q, k and v as they are, biases added."""
     found = probabilities_reader(g, softmax)
     if isinstance(found, str):
         return found
@@ -107,7 +109,8 @@ def _match(g, softmax, folder=None):
         return found
     if isinstance(found.mask, str):
         found.mask_rank = len(g.shapes.get(found.mask, ((),))[0])
-    _with_projection_biases(g, found, folder)
+    if biases:
+        _with_projection_biases(g, found, folder)
     return found
 
 
@@ -500,7 +503,7 @@ def run(proto, context: Context) -> PassResult:
     if context.cached_decoder:
         return PassResult(proto, {"MultiHeadAttention": 0})
     # The rule reading the q, k and v biases in the data file too.
-    rule = replace(RULE, match=partial(_match, folder=context.data_folder))
+    rule = replace(RULE, match=partial(_match, folder=context.data_folder, biases=True))
     result = run_rule(rule, proto, context.shapes)
     declined = list(result.declined)
     pattern.apply(SEVERAL_AXES, proto, declined, context.shapes)
