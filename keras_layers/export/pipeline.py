@@ -235,7 +235,8 @@ def export_model(
     """
     output, options = Path(output), checked_options(options)
     exporter, targets = _before_any_work(model, output, options, task)
-    with Interrupts().watching() as interrupts, placement.staging_folder(output) as folder:
+    staging = placement.staging_folder(output, (targets.report,))
+    with Interrupts().watching() as interrupts, staging as folder:
         run = Run(progress or no_progress, interrupts)
         converted = _convert(model, exporter, options, run, folder)
         staged = _Staged.write(converted.slimmed.proto, folder, output)

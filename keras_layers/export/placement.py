@@ -326,15 +326,22 @@ def remove_unless_held(folder: Path) -> None:
 
 
 @contextmanager
-def staging_folder(output: Path) -> Iterator[Path]:
+def staging_folder(output: Path, others: tuple = ()) -> Iterator[Path]:
     """A private folder beside `output`, held while the export runs and
-    removed with whatever is left in it. Folders on the way to `output` that
-    did not exist are made here and removed again when nothing was placed
-    in them (a failed export creates nothing)."""
-    made = [parent for parent in reversed(output.parents) if not parent.exists()]
+    removed with whatever is left in it. Folders on the way to `output` (and
+    to `others`, the export's other files: its report) that did not exist
+    are made here and removed again when nothing was placed in them (a
+    failed export creates nothing)."""
+    paths = [output, *others]
+    made = list(
+        dict.fromkeys(
+            parent for path in paths for parent in reversed(path.parents) if not parent.exists()
+        )
+    )
     _remove_stale_staging(output)
     try:
-        output.parent.mkdir(parents=True, exist_ok=True)
+        for path in paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
         folder = Path(
             tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=STAGING_SUFFIX)
         )
@@ -374,11 +381,11 @@ def holding(folder: Path, made: list[Path]) -> Iterator[Path]:
 
 def remove_empty(folders: list[Path]) -> None:
     """Remove the folders an export made, deepest first, where still empty."""
-    for folder in reversed(folders):
+    for folder in sorted(folders, key=lambda path: len(path.parts), reverse=True):
         try:
             folder.rmdir()
         except OSError:  # holds a placed file (or someone else's): kept
-            return
+            continue
 
 
 def remove_failed(targets: Targets) -> None:
