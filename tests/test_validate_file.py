@@ -205,6 +205,57 @@ def test_another_models_file_with_the_same_names_is_exit_2(files, capsys, dtype,
         assert phrase in err, (phrase, err)
 
 
+def test_a_file_of_float_inputs_is_checked(tmp_path, capsys):
+    """ONNX Runtime calls float32 `tensor(float)`: the model's float32 input
+    is the file's (it was refused as another type)."""
+    keras.utils.set_random_seed(3)
+    frames = keras.Input((None, 6), name="frames")
+    model = keras.Model(frames, keras.layers.Dense(4, name="head")(frames))
+    model.save(tmp_path / "frames.keras")
+    export_model(model, tmp_path / "frames.onnx", OPTIONS)
+    assert validate(model, tmp_path / "frames.onnx", OPTIONS)["passed"]
+    code, out, err = check_only(capsys, tmp_path / "frames.keras", tmp_path / "frames.onnx")
+    assert code == 0 and "matches Keras on 2 checks" in out, err
+
+
+def _causal_lm_file(path: Path) -> Path:
+    """A file with the names `--task causal-lm` writes (one layer's cache)."""
+    ids = [
+        helper.make_tensor_value_info(name, TensorProto.INT64, [None, None])
+        for name in ("input_ids", "attention_mask", "position_ids")
+    ]
+    past = [
+        helper.make_tensor_value_info(f"past_key_values.0.{kind}", TensorProto.FLOAT, None)
+        for kind in ("key", "value")
+    ]
+    nodes = [helper.make_node("Cast", ["input_ids"], ["logits"], to=TensorProto.FLOAT)] + [
+        helper.make_node("Identity", [f"past_key_values.0.{kind}"], [f"present.0.{kind}"])
+        for kind in ("key", "value")
+    ]
+    outputs = [
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+        for name in ("logits", "present.0.key", "present.0.value")
+    ]
+    graph = helper.make_graph(nodes, "decoder", ids + past, outputs)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    return path
+
+
+def test_a_causal_lm_file_checked_without_the_task_is_told_to_add_it(files, capsys, tmp_path):
+    """A `--task causal-lm` file checked as a forward pass: its cache inputs are
+    no input of the model, and the message says which flag checks it."""
+    path = _causal_lm_file(tmp_path / "decoder.onnx")
+    code, _, err = check_only(capsys, files["root"] / "model.keras", path)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "it looks like a causal-LM file: add --task causal-lm;" in err, err
+    with pytest.raises(UsageError, match="causal-LM file: add task='causal-lm'"):
+        validate(files["model"], path, OPTIONS)
+    another = another_models_file(tmp_path / "other.onnx")  # no cache: no such hint
+    with pytest.raises(UsageError) as caught:
+        validate(files["model"], another, OPTIONS)
+    assert "causal-LM" not in str(caught.value)
+
+
 def test_a_file_paired_by_position_is_checked_without_reading_its_weights(tmp_path, monkeypatch):
     """A file whose one input and output have other names, its weights in a
     data file: checked in place, never loaded into a rewritten proto (that

@@ -26,6 +26,11 @@ from keras_layers.export.pipeline import (
 )
 from keras_layers.export.tasks import Task
 
+# The key/value cache inputs a `--task causal-lm` file takes (optimum's names).
+CACHE_INPUT = "past_key_values."
+# ONNX Runtime's names of the element types NumPy names otherwise.
+ONNX_TYPE_NAMES = {"float32": "float", "float64": "double"}
+
 
 def _readable_file(onnx_path) -> Path:
     """`onnx_path` as a `Path` to a regular file that can be read."""
@@ -76,10 +81,14 @@ def _mapping(kind: str, file_names: list, infos: list, path: Path) -> dict:
         return {}
     if len(file_names) == len(model_names) == 1:
         return {model_names[0]: file_names[0]}
+    hint = ""
+    if any(name.startswith(CACHE_INPUT) for name in set(file_names) - set(model_names)):
+        # The model was described without its cache: the forward task's inputs.
+        hint = f"; it looks like a causal-LM file: add {argument('task', 'causal-lm')}"
     raise UsageError(
         f"{argument('onnx_path', path)}: the file's {kind} are {file_names} and the model's "
-        f"are {model_names}; check the file against the model it was made from, or make it "
-        f"again with the model's {kind[:-1]} names"
+        f"are {model_names}{hint}; check the file against the model it was made from, or "
+        f"make it again with the model's {kind[:-1]} names"
     )
 
 
@@ -90,7 +99,7 @@ def _check_inputs(file_inputs: list, loaded, mapping: dict, path: Path) -> None:
     for info in loaded.inputs:
         name = mapping.get(info.name, info.name)
         kind, shape = found[name]
-        wanted = f"tensor({'bool' if info.dtype == 'bool' else info.dtype})"
+        wanted = f"tensor({ONNX_TYPE_NAMES.get(info.dtype, info.dtype)})"
         sizes = [
             (axis, size, info.shape[axis])
             for axis, size in enumerate(shape[: len(info.shape)])
