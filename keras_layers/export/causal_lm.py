@@ -96,7 +96,7 @@ def _refuse(model, why: str) -> UsageError:
         f"--task causal-lm needs a decoder following keras-hub's CausalLM protocol "
         f"(`call_with_cache` and `_build_cache(token_ids)` with a cache shaped (batch, layers, "
         f"2, sequence, heads, head size)); {type(model).__name__} {why}. Export a keras-hub "
-        "CausalLM (preprocessor=None), or see keras_layers.demo.TiedDecoder for a model of "
+        "CausalLM, or see keras_layers.demo.TiedDecoder for a model of "
         "your own; without --task causal-lm the full-sequence forward pass is exported"
     )
 

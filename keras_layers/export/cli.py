@@ -214,8 +214,8 @@ def _add_checks(p: argparse.ArgumentParser) -> None:
         "--shapes",
         type=_shapes,
         metavar="BxS,...",
-        help="validation grid, e.g. 1x1,2x7,8x64,padded "
-        "(default: batch 1,2,8 x seq 1,7,64,256, plus padded)",
+        help="validation grid of batch x sequence (axis 1: no image height and width), "
+        "e.g. 1x1,2x7,8x64,padded (default: batch 1,2,8 x seq 1,7,64,256, plus padded)",
     )
 
 
@@ -248,9 +248,12 @@ def _add_conversion(p: argparse.ArgumentParser) -> None:
         choices=tuple(TASKS),
         default="forward",
         help="forward: the model's call over whole sequences (default); causal-lm: a "
-        "decoder with a key/value cache for generation (keras-hub CausalLM, "
-        "preprocessor=None, or a model with call_with_cache; docs/generation.md), checked "
-        "by decode steps and greedy generation against Keras",
+        "decoder with a key/value cache for generation (a keras-hub CausalLM, saved with "
+        "its preprocessor or without, or a model with call_with_cache; "
+        "docs/generation.md), checked by decode steps and greedy generation against "
+        "Keras; with -o FOLDER/, a model saved with its preprocessor gets its tokenizer "
+        "written, one without needs --end-token-id (and --context-length for rotary "
+        "positions)",
     )
     p.add_argument(
         "--external-data",
@@ -517,8 +520,7 @@ def _export(args, demo_dir: Path, console) -> tuple[dict, float]:
         if model is None and args.task != "forward":
             raise UsageError(
                 f"--task {args.task} needs MODEL: the demo is an encoder (export a "
-                "keras-hub CausalLM saved with preprocessor=None, or "
-                "keras_layers.demo.TiedDecoder)"
+                "keras-hub CausalLM, or keras_layers.demo.TiedDecoder)"
             )
         if args.onnx_path is not None:
             raise UsageError(
