@@ -96,6 +96,8 @@ class ScaledEmbedding(keras.layers.Embedding):
           "In the embedding layers, we multiply those weights by sqrt(d_model)."
         - Press & Wolf, "Using the Output Embedding to Improve Language
           Models", 2017 (the tied input/output matrix).
+        - docs/conventions.md: the settings that reproduce GPT-2, BERT, T5,
+          Gemma and Llama at the embedding end, trained side by side.
     """
 
     def __init__(

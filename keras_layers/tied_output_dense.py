@@ -70,6 +70,8 @@ class TiedOutputDense(keras.layers.Layer):
         - Press & Wolf, "Using the Output Embedding to Improve Language
           Models", 2017: logits = h E^T with E the input embedding.
         - Vaswani et al., "Attention Is All You Need", 2017, section 3.4.
+        - docs/conventions.md: `logit_scale`, `logit_soft_cap` and the tie as
+          T5, Gemma 2, GPT-2 and Llama set them, trained side by side.
     """
 
     def __init__(
