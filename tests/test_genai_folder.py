@@ -319,7 +319,14 @@ def test_a_quantized_folder_is_written_beside_the_float_one_and_runs_in_genai(tm
     gate's figures; genai runs it on text."""
     lm = _lm("gpt2")
     folder = tmp_path / "deploy"
-    report = export_model(lm, f"{folder}/", ExportOptions(quantize=kind), task="causal-lm")
+    events = []
+    options = ExportOptions(quantize=kind)
+    report = export_model(lm, f"{folder}/", options, task="causal-lm", progress=events.append)
+    # Every stage that takes seconds is shown as it starts and ends (it was
+    # silent for 30-45 s on a real model).
+    finished = [event.stage for event in events if event.seconds is not None]
+    for stage in ("keras", "load", "convert", "validate", "genai", kind):
+        assert stage in finished, finished
     gate = report["folder"]["quantized"][kind]
     assert gate["passed"] and gate["bits"] == int(kind[3:]) and gate["block_size"] == 32
     assert gate["quantized"] == 13  # 2 layers x 6 projections, and the tied output

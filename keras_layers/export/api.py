@@ -66,7 +66,7 @@ def export_model(
             )
         return text_model.export_text_model(model, output, options, pairs=options.text_pairs)
     if task == "causal-lm" and genai_folder.is_folder(output):
-        return genai_folder.export_folder(model, output, options)
+        return genai_folder.export_folder(model, output, options, progress=progress)
     return pipeline.export_model(
         model, output, options, task=task, progress=progress, evaluate=evaluate
     )

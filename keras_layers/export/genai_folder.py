@@ -68,6 +68,8 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -825,12 +827,16 @@ def _held_out_side(loaded, decoder, context: int) -> decoder_gate.KerasSide:
     )
 
 
-def _gate_quantized(report: dict, staging: Path, folder: Path, options, sides, gate=None):
+def _gate_quantized(
+    report: dict, staging: Path, folder: Path, options, sides, gate=None, progress=None
+):
     """Write and judge the quantized folder in `staging` (or take `gate`, the
     streamed export's); its figures go into the report, and a failed gate
     raises with the refused folder kept."""
     kind = options.quantize
-    gate = gate or _quantized(kind, staging, options, *sides)
+    if gate is None:
+        with _stage(progress, kind):
+            gate = _quantized(kind, staging, options, *sides)
     report["folder"]["quantized"] = {kind: gate}
     if not gate["passed"]:
         report["passed"] = False
@@ -884,7 +890,9 @@ def _names(streamed: bool, preprocessor, options) -> tuple[list, list]:
     return files, [options.quantize] if options.quantize else []
 
 
-def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=CHECK_PROMPTS):
+def export_folder(
+    lm, folder, options: ExportOptions | None = None, *, prompts=CHECK_PROMPTS, progress=None
+):
     """Export a causal LM as the folder onnxruntime-genai runs, proved, then placed.
 
     Args:
@@ -900,6 +908,9 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
             that would not fit in memory) makes it the streamed export:
             only `FOLDER/<kind>/` is written (`streams`).
         prompts: the text prompts of the genai check.
+        progress: called with a `pipeline.StageEvent` as each stage starts and
+            ends (Keras' side, the decoder's own stages, the folder's checks in
+            genai, the quantized decoder), as `export_model` calls it.
 
     Returns:
         The report (also `FOLDER/report.json`): the decoder's export report,
@@ -931,6 +942,25 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
     folder = check_folder(folder)
     options = _checked(options, folder)
     streamed = streams(lm, options)
+    with _stage(progress, "keras"):
+        described, expected, keras = _describe_lm(lm, folder, options, prompts, streamed)
+    described.progress = progress
+    with folder_placement.staging(folder) as staging:
+        write = _write_streamed if streamed else _write_float
+        report = write(described, staging, folder, options, (expected, keras))
+        decoder_path = folder / options.quantize / MODEL_FILE if streamed else folder / MODEL_FILE
+        report.update(onnx_path=str(decoder_path), report_path=str(folder / REPORT_FILE))
+        placement.write_json(report, staging / REPORT_FILE)
+        folder_placement.place_folder(staging, folder)
+    return report
+
+
+def _describe_lm(lm, folder: Path, options: ExportOptions, prompts, streamed: bool):
+    """The causal LM loaded and described for the folder's stages (its
+    decoder, special ids, context, search settings, heads), with Keras'
+    expected tokens on `prompts` and, for a quantized folder, its held-out
+    side: `(described, expected, keras)`. Refuses, before any file, what
+    the folder cannot hold."""
     started = time.perf_counter()
     loaded = loading.load(lm, imports=options.imports, unsafe=options.unsafe, stored=streamed)
     decoder = causal_lm.describe(loaded)
@@ -959,14 +989,20 @@ def export_folder(lm, folder, options: ExportOptions | None = None, *, prompts=C
     heads = query_heads(loaded.model, decoder)
     described = _Described(loaded, decoder, preprocessor, ids, context, searches, heads, chosen)
     described.seconds["load_and_keras"] = time.perf_counter() - started
-    with folder_placement.staging(folder) as staging:
-        write = _write_streamed if streamed else _write_float
-        report = write(described, staging, folder, options, (expected, keras))
-        decoder_path = folder / options.quantize / MODEL_FILE if streamed else folder / MODEL_FILE
-        report.update(onnx_path=str(decoder_path), report_path=str(folder / REPORT_FILE))
-        placement.write_json(report, staging / REPORT_FILE)
-        folder_placement.place_folder(staging, folder)
-    return report
+    return described, expected, keras
+
+
+@contextmanager
+def _stage(progress, name: str) -> Iterator[None]:
+    """Tell `progress` (when given) that stage `name` starts, then how long
+    it took, as `export_model`'s stages do (`pipeline.StageEvent`)."""
+    if progress is None:
+        yield
+        return
+    progress(pipeline.StageEvent(name))
+    started = time.perf_counter()
+    yield
+    progress(pipeline.StageEvent(name, seconds=time.perf_counter() - started))
 
 
 @dataclass
@@ -982,6 +1018,7 @@ class _Described:
     heads: int  # `query_heads`
     chosen: dict  # the sampler, and where the context length and end id come from
     seconds: dict = field(default_factory=dict)  # the streamed export's stages
+    progress: object = None  # `export_folder`'s callback, or None
 
     def config(self, model_path: Path) -> dict:
         """`genai_config` for the decoder at `model_path` (its cache shared
@@ -1001,13 +1038,15 @@ def _write_float(described: _Described, staging: Path, folder: Path, options, si
     `staging/<kind>/` quantized from it and gated."""
     inner = _unquantized(options, report_path=staging / REPORT_FILE)
     loaded = described.loaded
-    report = export_model(loaded.model, staging / MODEL_FILE, inner, task="causal-lm")
-    if described.preprocessor is not None:
-        report["tokenizer"] = export_tokenizer(described.preprocessor, staging).report()
-    config = described.config(staging / MODEL_FILE)
-    placement.write_json(config, staging / CONFIG_FILE)
-    expected = sides[0]
-    proof = prove_folder(staging, expected, described.ids.eos)
+    report = export_model(
+        loaded.model, staging / MODEL_FILE, inner, task="causal-lm", progress=described.progress
+    )
+    with _stage(described.progress, "genai"):
+        if described.preprocessor is not None:
+            report["tokenizer"] = export_tokenizer(described.preprocessor, staging).report()
+        config = described.config(staging / MODEL_FILE)
+        placement.write_json(config, staging / CONFIG_FILE)
+        proof = prove_folder(staging, sides[0], described.ids.eos)
     report["folder"] = {**described.folder_report(config), **proof}
     report["passed"] = report["passed"] and proof["passed"]
     if not proof["passed"]:
@@ -1016,7 +1055,7 @@ def _write_float(described: _Described, staging: Path, folder: Path, options, si
             report,
         )
     if options.quantize:
-        _gate_quantized(report, staging, folder, options, sides)
+        _gate_quantized(report, staging, folder, options, sides, progress=described.progress)
     return report
 
 
@@ -1039,13 +1078,15 @@ def _write_streamed(described: _Described, staging: Path, folder: Path, options,
     # `keep`, whatever was asked: the weights stay in their stored dtype (a
     # float32 copy in the data file is what this export never makes).
     inner = _unquantized(options, report_path=None, weights_dtype="keep")
-    proto, graph = pipeline.convert_loaded(loaded, staging, inner)
+    with _stage(described.progress, "convert"):
+        proto, graph = pipeline.convert_loaded(loaded, staging, inner)
     loaded.release_model()  # Keras' weights go before the gate's ONNX Runtime session
     started = time.perf_counter()
-    summary = streamed_quantizing.quantize_streamed(
-        proto, staging, staging / _QUANTIZED, kind, options.decoder_accuracy_level
-    )
-    weights.save(proto, staging, sub / MODEL_FILE, sub / f"{MODEL_FILE}.data")
+    with _stage(described.progress, kind):
+        summary = streamed_quantizing.quantize_streamed(
+            proto, staging, staging / _QUANTIZED, kind, options.decoder_accuracy_level
+        )
+        weights.save(proto, staging, sub / MODEL_FILE, sub / f"{MODEL_FILE}.data")
     for path in staging.glob("*.data"):
         path.unlink()  # the staging copies: the folder's data file holds what it reads
     described.seconds["quantize"] = time.perf_counter() - started
@@ -1057,7 +1098,8 @@ def _write_streamed(described: _Described, staging: Path, folder: Path, options,
     placement.write_json(config, sub / CONFIG_FILE)
     report["folder"] = described.folder_report(config)
     started = time.perf_counter()
-    gate = {**summary, **_judged(sub, options, *sides)}
+    with _stage(described.progress, "gate"):
+        gate = {**summary, **_judged(sub, options, *sides)}
     described.seconds["gate"] = time.perf_counter() - started
     seconds = {**described.seconds, **graph["stage_seconds"]}
     report["stage_seconds"] = {name: round(value, 3) for name, value in seconds.items()}

@@ -205,8 +205,7 @@ def export_model(
             `keras_layers.export.generate` (`keras_layers.export.causal_lm`
             says which models can), and validates a prompt, decode steps and
             greedy generation against Keras instead of the grid.
-        progress: called with a `StageEvent` as each stage starts and ends,
-            and for each validation step.
+        progress: called with a `StageEvent` as each stage starts and ends, and per step.
         evaluate: `evaluate(int8_path) -> dict` with a `passed` key: a
             task-level check of the int8 file (`ExportOptions.quantize`).
 

@@ -331,7 +331,18 @@ def staging_folder(output: Path, others: tuple = ()) -> Iterator[Path]:
     removed with whatever is left in it. Folders on the way to `output` (and
     to `others`, the export's other files: its report) that did not exist
     are made here and removed again when nothing was placed in them (a
-    failed export creates nothing)."""
+    failed export creates nothing).
+
+    Args:
+        output: the export's main file (the staging folder goes beside it).
+        others: the export's other final paths whose folders must exist.
+
+    Returns:
+        A context manager giving the staging folder's path.
+
+    Raises:
+        OutputError: the folders or the staging folder cannot be made.
+    """
     paths = [output, *others]
     made = list(
         dict.fromkeys(
