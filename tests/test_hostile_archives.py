@@ -377,3 +377,25 @@ def test_a_layer_name_of_megabytes_is_refused_before_keras_reads_it(tmp_path, ca
     assert "15,728,640 characters" in err and "re-save the model" in err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_a_vocabulary_of_millions_of_tokens_counts_in_the_memory_check(tmp_path, monkeypatch):
+    """A keras-hub vocabulary costs about 1 KB a token once loaded (a
+    1,000,000-token WordPiece vocabulary, 9.9 MB of assets, grew the load by
+    1.07 GB), outside the weights the check counted: an archive whose assets
+    declare 4,000,000 tokens is refused, exit 2, before any work, naming them."""
+    import zipfile
+
+    from keras_layers.export import ExportOptions, export_model
+
+    path = save(sequential_model(), tmp_path / "model.keras")
+    vocabulary = "".join(f"t{index}\n" for index in range(4_000_000)).encode()
+    with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("assets/tokenizer/vocabulary.txt", vocabulary)
+    assert memory.archive_asset_bytes(path) == len(vocabulary)
+    available = memory.BASELINE_BYTES + 2_000_000_000  # room for the weights, not the vocabulary
+    monkeypatch.setattr(memory, "limits", lambda: [memory.Limit("MemAvailable", available)])
+    megabytes = f"{len(vocabulary) / 1e6:.1f}".replace(".", r"\.")
+    with pytest.raises(UsageError, match=rf"120x its {megabytes} MB of assets"):
+        export_model(path, tmp_path / "out.onnx", ExportOptions(shapes=[(1, 3)]))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.keras"]

@@ -141,7 +141,7 @@ def _load(model, task: Task, options: ExportOptions, run: Run):
         memory.uses_external_data(options.external_data, weight_bytes), weight_bytes
     )
     if options.memory_check:
-        memory.check_fits(weight_bytes)
+        memory.check_fits(weight_bytes, asset_bytes=memory.archive_asset_bytes(model))
     with run.stage("load"):
         loaded = loading.load(
             model,

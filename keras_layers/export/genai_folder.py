@@ -1124,19 +1124,20 @@ def streams(lm, options: ExportOptions) -> bool:
     """
     if options.quantize and options.weights_dtype == "keep":
         if options.memory_check:  # the streamed path's own estimate, before any work
-            memory.check_fits(memory.estimated_param_bytes(lm, stored=True), streamed=True)
+            stored, assets = memory.estimated_param_bytes(lm, True), memory.archive_asset_bytes(lm)
+            memory.check_fits(stored, streamed=True, asset_bytes=assets)
         return True
     if not options.memory_check:
         return False
-    widened = memory.estimated_param_bytes(lm)
+    widened, assets = memory.estimated_param_bytes(lm), memory.archive_asset_bytes(lm)
     try:
-        memory.check_fits(widened)
+        memory.check_fits(widened, asset_bytes=assets)
     except UsageError as refusal:
         stored = memory.estimated_param_bytes(lm, stored=True)
         if not options.quantize or stored >= widened:
             raise
         try:
-            memory.check_fits(stored, streamed=True)
+            memory.check_fits(stored, streamed=True, asset_bytes=assets)
         except UsageError as streamed:
             raise UsageError(f"{refusal}; streamed from its stored weights, {streamed}") from None
         return True

@@ -44,6 +44,11 @@ from keras_layers.export.loading import declared_weight_bytes, param_bytes
 from keras_layers.export.validating import LEAN_VALIDATION_BYTES
 
 PEAK_PER_PARAM_BYTE = 2.5
+# What a keras-hub tokenizer's vocabulary costs once Keras loads it, per byte
+# of its assets in the archive (Python strings, TensorFlow lookup tables):
+# load growth / assets bytes for WordPiece vocabularies of 200,000 and
+# 1,000,000 tokens (1.9 and 9.9 MB of assets) measured 118x and 107x.
+ASSET_PEAK_PER_BYTE = 120
 BASELINE_BYTES = 1_500_000_000  # TensorFlow, Keras, onnxruntime loaded, a tiny model
 
 # The growth of the virtual size from the check to the export's end: a tiny
@@ -269,7 +274,9 @@ def _address_baseline() -> int:
     )
 
 
-def _refusal(limit: Limit, weight_bytes: int, streamed: bool = False) -> str | None:
+def _refusal(
+    limit: Limit, weight_bytes: int, streamed: bool = False, asset_bytes: int = 0
+) -> str | None:
     """Why `limit` cannot hold the export, or None where it can."""
     if limit.address_space:
         ratio = STREAMED_ADDRESS_PER_STORED_BYTE if streamed else ADDRESS_PER_PARAM_BYTE
@@ -277,24 +284,32 @@ def _refusal(limit: Limit, weight_bytes: int, streamed: bool = False) -> str | N
     else:
         ratio = STREAMED_PEAK_PER_STORED_BYTE if streamed else PEAK_PER_PARAM_BYTE
         baseline, what = BASELINE_BYTES, "of memory"
-    need = baseline + ratio * weight_bytes
+    need = baseline + ratio * weight_bytes + ASSET_PEAK_PER_BYTE * asset_bytes
     if need <= limit.available:
         return None
+    assets = (
+        f" + {ASSET_PEAK_PER_BYTE}x its {asset_bytes / 1e6:.1f} MB of assets (a tokenizer's "
+        "vocabulary)"
+        if asset_bytes
+        else ""
+    )
     return (
         f"exporting this model needs about {need / 1e9:.1f} GB {what} "
-        f"({baseline / 1e9:.1f} GB + {ratio}x its {weight_bytes / 1e9:.2f} GB of weights) "
+        f"({baseline / 1e9:.1f} GB + {ratio}x its {weight_bytes / 1e9:.2f} GB of weights{assets}) "
         f"and {limit.available / 1e9:.1f} GB are available under {limit.name}; free "
         f"memory or raise the limit, or try anyway with {fix('memory_check')}"
     )
 
 
-def check_fits(weight_bytes: int, streamed: bool = False) -> None:
+def check_fits(weight_bytes: int, streamed: bool = False, asset_bytes: int = 0) -> None:
     """Refuse an export whose estimated peak exceeds the memory available.
 
     Args:
         weight_bytes: the model's weights, in bytes (as stored, with `streamed`).
         streamed: the estimate of the streamed export of a causal LM into
             an int4 folder (`STREAMED_PEAK_PER_STORED_BYTE`).
+        asset_bytes: the archive's assets (`archive_asset_bytes`), each byte
+            counted `ASSET_PEAK_PER_BYTE` times.
 
     Raises:
         UsageError: the estimate exceeds what a limit leaves (exit 2); the
@@ -302,7 +317,7 @@ def check_fits(weight_bytes: int, streamed: bool = False) -> None:
             check.
     """
     for limit in limits():
-        reason = _refusal(limit, weight_bytes, streamed)
+        reason = _refusal(limit, weight_bytes, streamed, asset_bytes)
         if reason is not None:
             raise UsageError(reason)
 
@@ -323,6 +338,29 @@ def archive_weight_bytes(path: Path, stored: bool = False) -> int:
         return declared
     with zipfile.ZipFile(path) as archive:
         return sum(item.file_size for item in archive.infolist() if item.filename.endswith(".h5"))
+
+
+def archive_asset_bytes(model) -> int:
+    """The bytes of a `.keras` archive's assets (a tokenizer's vocabulary),
+    as its zip directory gives them; 0 for a model in memory (its assets are
+    loaded already) or a file that is not an archive (loading says why).
+
+    Args:
+        model: the model, or its path.
+
+    Returns:
+        The bytes.
+    """
+    if not isinstance(model, str | os.PathLike):
+        return 0
+    try:
+        if not stat.S_ISREG(os.stat(model).st_mode):
+            return 0
+        with zipfile.ZipFile(model) as archive:
+            entries = archive.infolist()
+    except (OSError, zipfile.BadZipFile):
+        return 0
+    return sum(item.file_size for item in entries if item.filename.startswith("assets/"))
 
 
 def estimated_param_bytes(model, stored: bool = False) -> int:

@@ -304,7 +304,9 @@ def _before_any_work(model, output: Path, options: ExportOptions, task: str):
     )
     placement.check_targets(targets, Path(model) if isinstance(model, str | Path) else None)
     if options.memory_check:
-        memory.check_fits(memory.estimated_param_bytes(model))
+        memory.check_fits(
+            memory.estimated_param_bytes(model), asset_bytes=memory.archive_asset_bytes(model)
+        )
     return exporter, targets
 
 
