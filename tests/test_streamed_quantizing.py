@@ -104,11 +104,13 @@ def _quantized_weights(path) -> collections.Counter:
 
 def _needs(path) -> tuple:
     """(stored bytes, float32 bytes, the float32 export's estimate, the
-    streamed export's), from `memory`'s figures, computed here."""
+    streamed export's), from `memory`'s figures, computed here (the
+    archive's assets, its tokenizer's vocabulary, count in both)."""
     stored = memory.estimated_param_bytes(path, stored=True)
     widened = memory.estimated_param_bytes(path)
-    float_need = memory.BASELINE_BYTES + memory.PEAK_PER_PARAM_BYTE * widened
-    stream_need = memory.BASELINE_BYTES + memory.STREAMED_PEAK_PER_STORED_BYTE * stored
+    assets = memory.ASSET_PEAK_PER_BYTE * memory.archive_asset_bytes(path)
+    float_need = memory.BASELINE_BYTES + memory.PEAK_PER_PARAM_BYTE * widened + assets
+    stream_need = memory.BASELINE_BYTES + memory.STREAMED_PEAK_PER_STORED_BYTE * stored + assets
     return stored, widened, float_need, stream_need
 
 
