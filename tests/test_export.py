@@ -274,7 +274,10 @@ def test_demo_default_run_trains_exports_and_reuses(tmp_path, monkeypatch, capsy
     assert report["passed"]
     assert report["demo"]["masked_token_accuracy"] >= 0.90
     assert any(check["shape"] == "padded" for check in report["checks"])
-    assert "Training the demo encoder" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Training the demo encoder" in out
+    # The console's training time is the report's (it timed more than the report did).
+    assert f"train     {report['demo']['train_seconds']:6.2f} s" in out, out
     # A rerun reuses the trained model instead of training again; int8 this time,
     # on enough tokens for the int8 gate (1,000 pooled over the grid).
     assert main(["--shapes", "2x32,4x256,padded", "--quantize", "int8"]) == 0
