@@ -256,6 +256,38 @@ def test_generate_takes_the_folder_and_text_and_returns_keras_hub_text(exported)
             assert text[:cut] == expected[:cut] and text[cut] == "\ufffd", prompt
 
 
+def test_genai_cuts_text_at_a_nul_and_the_proof_knows_no_other_cut(exported):
+    """genai's decoder returns a C string: a NUL byte ends its text (CI met it
+    on a random GPT-2 that emitted byte 0). The proof accepts keras-hub's text
+    cut there or after the first U+FFFD, and nothing else."""
+    lm, folder = exported
+    tokenizer = lm.preprocessor.tokenizer
+    nul = tokenizer.token_to_id("Ā" if "GPT2" in type(tokenizer).__name__ else "<0x00>")
+    ids = [tokenizer.token_to_id("x"), nul, tokenizer.token_to_id("x")]
+    expected = tokenizer.detokenize(ids)
+    expected = expected.numpy() if hasattr(expected, "numpy") else expected
+    expected = expected.decode("utf-8", "replace") if isinstance(expected, bytes) else expected
+    text = og.Tokenizer(og.Model(str(folder))).decode(ids)
+    assert "\x00" in expected and text == expected[: expected.index("\x00")]
+    assert genai_folder._text_gap(text, expected)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "gap"),
+    [
+        ("x", "x\x00\ufffdab", True),  # cut before the NUL
+        ("x\ufffd", "x\ufffd\x00ab", True),  # after the first U+FFFD, before the NUL
+        ("x\x00", "x\x00ab", False),  # genai never keeps the NUL
+        ("x\ufffd", "x\ufffd\ufffdab", True),
+        ("", "x\x00ab", False),  # cut earlier than either
+        ("x", "xab", False),  # nothing to cut at: a text that differs
+        ("x\ufffd\ufffd", "x\ufffd\ufffdab", False),
+    ],
+)
+def test_the_text_gap_is_keras_hubs_text_cut_where_genai_cuts_it(text, expected, gap):
+    assert genai_folder._text_gap(text, expected) is gap
+
+
 def test_text_without_a_folder_is_refused_naming_what_is_needed(tmp_path):
     with pytest.raises(ValueError, match="text prompts need the folder"):
         generate(tmp_path / "model.onnx", "a prompt", 4)
