@@ -97,18 +97,19 @@ def _tolerance(text: str) -> float:
 
 
 def _shapes(text: str) -> list:
-    """`--shapes`: comma-separated `BATCHxSEQ` pairs, or `padded`."""
+    """`--shapes`: comma-separated `BATCHxSEQ` pairs (`BATCHxSIDE` for
+    images), `padded` or `structured`."""
     shapes = []
     for item in text.split(","):
         item = item.strip().lower()
-        if item == "padded":
+        if item in ("padded", "structured"):
             shapes.append(item)
             continue
         match = re.fullmatch(r"(\d{1,9})x(\d{1,9})", item)
         if not match or min(int(match.group(1)), int(match.group(2))) < 1:
             raise argparse.ArgumentTypeError(
-                f"{item!r} is not BATCHxSEQ with positive integers "
-                "(example: --shapes 1x1,2x7,8x64,padded)"
+                f"{item!r} is not BATCHxSEQ (BATCHxSIDE for images) with positive integers "
+                "(example: --shapes 1x1,2x7,8x64,padded; for images 1x224,8x96,structured)"
             )
         shapes.append((int(match.group(1)), int(match.group(2))))
     return shapes
@@ -214,8 +215,10 @@ def _add_checks(p: argparse.ArgumentParser) -> None:
         "--shapes",
         type=_shapes,
         metavar="BxS,...",
-        help="validation grid of batch x sequence (axis 1: no image height and width), "
-        "e.g. 1x1,2x7,8x64,padded (default: batch 1,2,8 x seq 1,7,64,256, plus padded)",
+        help="validation grid of batch x sequence, or batch x side of square images, "
+        "e.g. 1x1,2x7,8x64,padded or 1x224,8x96,structured (default: batch 1,2,8 x seq "
+        "1,7,64,256, plus padded; images: batch 1,2,8 x the smallest side the model takes "
+        "and sides near 37 and 96, plus structured images)",
     )
 
 

@@ -163,10 +163,15 @@ def _probe_value(info_shape: tuple, dtype: str, seed: int, size: tuple, widths=(
     import numpy as np
 
     batch, length = size
-    trailing = [d or w for d, w in zip(info_shape[2:], _padded(widths, info_shape), strict=True)]
-    dims = [batch, length, *trailing][: len(info_shape)]
-    if len(info_shape) > 1 and info_shape[1] is not None:
-        dims[1] = info_shape[1]
+    if len(widths) == len(info_shape) - 1:  # every axis after the batch given (an image)
+        dims = [batch, *widths]
+    else:
+        trailing = [
+            d or w for d, w in zip(info_shape[2:], _padded(widths, info_shape), strict=True)
+        ]
+        dims = [batch, length, *trailing][: len(info_shape)]
+        if len(info_shape) > 1 and info_shape[1] is not None:
+            dims[1] = info_shape[1]
     rng = np.random.default_rng(seed)
     pattern = rng.integers(0, 2, size=dims)
     if len(dims) > 2 and not _is_integer(dtype):
@@ -318,7 +323,7 @@ def _weight_sizes(layers) -> list[int]:
     return sorted(sizes, reverse=True)
 
 
-def feature_widths(model, inputs, structure: str, sizes=()) -> dict:
+def feature_widths(model, inputs, structure: str, sizes=(), given=None) -> dict:
     """The sizes to feed an input's free trailing axes (`keras.Input(shape=
     (None, None))`, a feature width left open), read from the model.
 
@@ -333,6 +338,9 @@ def feature_widths(model, inputs, structure: str, sizes=()) -> dict:
         inputs: `(name, shape, dtype, symbolic tensor)` of each input.
         structure: as `probe` takes it.
         sizes: `(batch, length)` pairs to run at, after batch 2 x 3.
+        given: input name -> every size after the batch, for inputs whose
+            axes are known otherwise (images, at the probe's side): fed so,
+            never searched.
 
     Returns:
         Input name -> `(widths, source)`: a width per trailing axis and the
@@ -343,18 +351,19 @@ def feature_widths(model, inputs, structure: str, sizes=()) -> dict:
         UsageError: the model runs at none of the candidates.
     """
     found = {}
+    given = dict(given or {})
     names = [name for name, _, _, _ in inputs]
     specs = [(name, shape, dtype) for name, shape, dtype, _ in inputs]
     for name, shape, _, tensor in inputs:
         free = [axis for axis in range(2, len(shape)) if shape[axis] is None]
-        if not free:
+        if not free or name in given:
             continue
         readers = [layer for layer, _ in consumers(model, tensor)]
         candidates = _weight_sizes(readers) or _weight_sizes([model])
         where = ", ".join(repr(layer.name) for layer in readers[:2]) or "the model"
         for width in candidates[:12]:
             widths = tuple(width if d is None else d for d in shape[2:])
-            trial = {**{n: w for n, (w, _) in found.items()}, name: widths}
+            trial = {**given, **{n: w for n, (w, _) in found.items()}, name: widths}
             if _runs_at(model, specs, names, structure, trial, sizes):
                 found[name] = (
                     widths,
@@ -586,3 +595,45 @@ def apply_overrides(infos: list, overrides: Mapping[str, InputRole]) -> list:
             for info in infos
         ]
     return infos
+
+
+# Keras names an input it was not given a name for `keras_tensor_N`: a name
+# that says nothing in the file, and changes from one session to the next.
+_AUTOMATIC_NAME = re.compile(r"keras_tensor(_\d+)?|input_layer(_\d+)?")
+_ROLE_NAMES = {
+    "image": "images",
+    "ids": "token_ids",
+    "padding_mask": "padding_mask",
+    "positions": "mask_positions",
+    "token_positions": "positions",
+    "features": "inputs",
+}
+
+
+def named_by_role(infos: list) -> list:
+    """Inputs with Keras' automatic names (`keras_tensor_28`) named after
+    their roles (`images`, `token_ids`, ...; `_1`, `_2` where several share
+    one), never taking a name another input has.
+
+    Args:
+        infos: the model's inputs (`loading.TensorInfo`), roles read; only
+            for a model that takes them as one tensor or a list (a dict's
+            keys are the model's own).
+
+    Returns:
+        `infos`, renamed.
+    """
+    taken = {info.name for info in infos if not _AUTOMATIC_NAME.fullmatch(info.name)}
+    renamed = []
+    for info in infos:
+        if not _AUTOMATIC_NAME.fullmatch(info.name):
+            renamed.append(info)
+            continue
+        base = _ROLE_NAMES.get(info.role, "inputs")
+        name, count = base, 0
+        while name in taken:
+            count += 1
+            name = f"{base}_{count}"
+        taken.add(name)
+        renamed.append(replace(info, name=name))
+    return renamed

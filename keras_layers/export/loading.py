@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import keras_layers
-from keras_layers.export import compat, lean_loading
+from keras_layers.export import compat, images, lean_loading
 from keras_layers.export import inputs as inputs_module
 from keras_layers.export.errors import ModelLoadError, UsageError, argument, fix
 
@@ -126,6 +126,8 @@ class TensorInfo:
     # The sizes fed to axes 2.. (a free feature width read from the model's
     # weights, `inputs.feature_widths`); empty: each declared size, 1 if free.
     widths: tuple = ()
+    # An image's layout, `NHWC` or `NCHW` (`images.describe`); `None` otherwise.
+    layout: str | None = None
 
     @property
     def is_padding_mask(self) -> bool:
@@ -172,6 +174,9 @@ class LoadedModel:
     # strides need several tokens), found by running Keras
     # (`validating.shortest_length`); 1 until then.
     min_length: int = 1
+    # The sides of the default grid's images (`validating.image_sides`): the
+    # smallest the model takes first; empty for a model without images.
+    image_sides: tuple = ()
     # The model's call as one TensorFlow graph (`validating.keras_outputs`),
     # made on first use for a big model; it holds the model too.
     graph_call: object = field(default=None, repr=False, compare=False)
@@ -1064,6 +1069,17 @@ def _describe(model, sizes=()):
     named = _flat_named(input_struct, input_names)
     structure = _structure(input_struct)
     specs = [(name, tuple(tensor.shape), str(tensor.dtype)) for name, tensor in named]
+    pictures = {
+        name: found
+        for (name, shape, dtype), (_, tensor) in zip(specs, named, strict=True)
+        if (found := images.describe(model, name, shape, dtype, tensor))
+    }
+    # The probes draw images at one square side; the grid finds the sizes later.
+    probe_sides = {
+        name: tuple(images.dims(TensorInfo(name, shape, dtype, **pictures[name]), 1, 32)[1:])
+        for name, shape, dtype in specs
+        if name in pictures
+    }
     widths = {}
     if all(dtype != "string" for _, _, dtype in specs):
         widths = inputs_module.feature_widths(
@@ -1071,31 +1087,37 @@ def _describe(model, sizes=()):
             [(*spec, tensor) for spec, (_, tensor) in zip(specs, named, strict=True)],
             structure,
             sizes,
+            given=probe_sides,
         )
-    probed = inputs_module.probe(
-        model,
-        specs,
-        structure,
-        inputs_module.max_sequence_length(model)[0],
-        sizes,
-        {name: found for name, (found, _) in widths.items()},
-    )
+    probed = None
+    if len(pictures) < len(specs):  # images alone need no probe: their role is read
+        probed = inputs_module.probe(
+            model,
+            specs,
+            structure,
+            inputs_module.max_sequence_length(model)[0],
+            sizes,
+            {**{name: found for name, (found, _) in widths.items()}, **probe_sides},
+        )
     notes = [f"input {name!r}: {source}" for name, (_, source) in widths.items()]
-    notes += [probed.warning] if probed.warning else []
+    notes += [probed.warning] if probed is not None and probed.warning else []
     inputs = []
     for name, tensor in named:
         dtype = str(tensor.dtype)
         readers = inputs_module.consumers(model, tensor)
-        seen = probed.inputs[name] if probed.inputs is not None else None
-        role = inputs_module.role_of(name, dtype, readers, seen)
+        seen = probed.inputs[name] if probed and probed.inputs is not None else None
+        role = pictures.get(name) or inputs_module.role_of(name, dtype, readers, seen)
         fed = widths.get(name, ((),))[0]
         inputs.append(
             TensorInfo(name=name, shape=tuple(tensor.shape), dtype=dtype, widths=fed, **role)
         )
+    if structure != "dict":  # the names are the file's own: say what each input is
+        inputs = inputs_module.named_by_role(inputs)
     outputs = [
         TensorInfo(name=name, shape=tuple(t.shape), dtype=str(t.dtype)) for name, t in flat_outputs
     ]
-    return inputs, outputs, structure, _structure(output_struct), probed.position_tables, notes
+    tables = probed.position_tables if probed is not None else []
+    return inputs, outputs, structure, _structure(output_struct), tables, notes
 
 
 def unique_variables(model) -> list:

@@ -43,7 +43,11 @@ class ExportOptions:
         shapes: the validation grid: `(batch, sequence)` pairs and `"padded"`
             (a right-padded batch). Default: batch 1, 2, 8 x sequence 1, 7, 64,
             256 (or the model's fixed length), plus `"padded"` when the model
-            masks padding.
+            masks padding. For a model of images, `(batch, side)` pairs of
+            square images and `"structured"` (a gradient, edges, a constant
+            image); default: batch 1, 2, 8 x the smallest side the model takes
+            and those it takes near 37 and 96 (or its fixed size), plus
+            `"structured"`.
         atol: absolute tolerance of every check.
         rtol: relative tolerance, times |Keras output|.
         opset: the ONNX opset to convert to (13 up to tf2onnx's newest).

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from keras_layers.export import images
 from keras_layers.export.errors import UsageError, argument, fix, one_line
 from keras_layers.export.loading import LoadedModel, flatten
 
@@ -53,6 +54,8 @@ LEAN_VALIDATION_BYTES = 256_000_000
 
 DEFAULT_BATCHES = (1, 2, 8)
 DEFAULT_LENGTHS = (1, 7, 64, 256)
+# The largest image side searched for the smallest a model takes.
+IMAGE_BOUND = 512
 PADDED = "padded"
 SEED = 1234
 
@@ -144,7 +147,7 @@ def check_shapes(shapes: list) -> list:
             '"padded"]'
         )
     for shape in shapes:
-        if shape == PADDED:
+        if shape in (PADDED, images.STRUCTURED):
             continue
         if not (
             isinstance(shape, list | tuple)
@@ -175,9 +178,18 @@ def default_shapes(loaded: LoadedModel, int8: bool = False) -> list:
         int8: add the grid point the int8 gate needs.
 
     Returns:
-        `(batch, length)` pairs, and `"padded"` where the model masks padding.
+        `(batch, length)` pairs, and `"padded"` where the model masks padding;
+        for a model of images, `(batch, side)` pairs at the sides it accepts
+        (`image_sides`) and `"structured"`.
     """
-    fixed = [info.shape[1] for info in loaded.inputs if len(info.shape) > 1]
+    if loaded.image_sides:  # images: the sides the model accepts, then structured ones
+        shapes = [(batch, side) for batch in DEFAULT_BATCHES for side in loaded.image_sides]
+        if int8:
+            shapes += int8_rows(loaded, shapes, loaded.image_sides)
+        return [*shapes, images.STRUCTURED]
+    fixed = [
+        info.shape[1] for info in loaded.inputs if len(info.shape) > 1 and not images.is_image(info)
+    ]
     fixed = [size for size in fixed if size is not None]
     if fixed:
         lengths = (fixed[0],)
@@ -241,6 +253,9 @@ def check_shapes_fit(loaded: LoadedModel, shapes: list) -> None:
         UsageError: a grid point is longer than `loaded.max_length`, or
             shorter than `loaded.min_length`.
     """
+    if loaded.image_sides:
+        _check_image_sides(loaded, shapes)
+        return
     for shape in shapes:
         if shape != PADDED and shape[1] < loaded.min_length:
             raise UsageError(
@@ -259,12 +274,32 @@ def check_shapes_fit(loaded: LoadedModel, shapes: list) -> None:
             )
 
 
+def _check_image_sides(loaded: LoadedModel, shapes: list) -> None:
+    """Refuse image sides the model does not take (`accepts_side`)."""
+    for shape in shapes:
+        if shape in (PADDED, images.STRUCTURED):
+            continue
+        side = shape[1]
+        if accepts_side(loaded, side):
+            continue
+        near = images.accepted_near(lambda s: accepts_side(loaded, s), side, loaded.min_length)
+        raise UsageError(
+            f"{argument('shapes', shapes)}: the model does not take images of side {side} "
+            f"({point_label(loaded, shape)}: Keras fails there, or gives an empty or "
+            f"non-finite output); it takes {loaded.min_length} pixels a side at least"
+            + (f", and {near} is the next side it takes" if near else "")
+            + f"; ask for sides it takes, e.g. --shapes {shape[0]}x{near or loaded.min_length}"
+        )
+
+
 def takes_padding(loaded: LoadedModel) -> bool:
     return any(info.masks_zero or info.is_padding_mask for info in loaded.inputs)
 
 
 def _fixed_length(loaded: LoadedModel, sequence: str) -> int | None:
     for info in loaded.inputs:
+        if images.is_image(info):  # its sides: `image_sides`
+            continue
         if info.sequence == sequence and info.role != "positions" and len(info.shape) > 1:
             if info.shape[1] is not None:
                 return info.shape[1]
@@ -275,14 +310,17 @@ def _sequence_lengths(loaded: LoadedModel, length: int) -> dict:
     """Each sequence axis's length at a grid point of `length`: the first gets
     it, each other one less (so that an encoder and a decoder are never fed
     equal lengths by accident), within the model's fixed lengths and bound."""
-    lengths = {}
+    lengths, sides = {}, {}
     for info in loaded.inputs:
+        if images.is_image(info):  # its free sides are the grid's size
+            sides.update({axis: length for axis in images.free_axes(info)})
+            continue
         if info.sequence in lengths or info.role == "positions":
             continue
         own = length if not lengths else max(1, length - len(lengths) * max(1, length // 3))
         fixed = _fixed_length(loaded, info.sequence)
         lengths[info.sequence] = fixed or min(own, loaded.max_length or own)
-    return lengths
+    return {**lengths, **sides}
 
 
 def make_inputs(loaded: LoadedModel, shape, rng, lengths: dict | None = None) -> dict:
@@ -293,9 +331,13 @@ def make_inputs(loaded: LoadedModel, shape, rng, lengths: dict | None = None) ->
     only, so that every query in it sees no key. Positions are drawn among each
     row's real tokens (0 in the empty row).
 
+    `structured` is three images (a gradient, edges, a constant one) at the
+    grid's second side (`images.draw`).
+
     Args:
         loaded: the loaded model; each input's role says what to generate.
-        shape: a `(batch, sequence)` pair or `"padded"`.
+        shape: a `(batch, sequence)` pair (a side, for images), `"padded"`
+            or `"structured"`.
         rng: a `numpy.random.Generator`.
         lengths: each sequence axis's length, instead of those the grid point
             gives them (`_sequence_lengths`).
@@ -305,6 +347,8 @@ def make_inputs(loaded: LoadedModel, shape, rng, lengths: dict | None = None) ->
     """
     if shape == PADDED:
         batch, length = 5, max(min(64, loaded.max_length or 64), loaded.min_length)
+    elif shape == images.STRUCTURED:
+        batch, length = 3, _structured_side(loaded)
     else:
         batch, length = shape
     lengths = lengths or _sequence_lengths(loaded, length)
@@ -318,6 +362,10 @@ def make_inputs(loaded: LoadedModel, shape, rng, lengths: dict | None = None) ->
         valid[sequence] = np.arange(full)[None, :] < true[:, None]
     feeds = {}
     for info in loaded.inputs:
+        if images.is_image(info):
+            size = (lengths.get("height", length), lengths.get("width", length))
+            feeds[info.name] = images.draw(info, batch, size, rng, shape == images.STRUCTURED)
+            continue
         mask = valid.get(info.sequence, next(iter(valid.values()), np.ones((batch, 1), bool)))
         full = mask.shape[1]
         if info.role == "positions":
@@ -347,6 +395,11 @@ def make_inputs(loaded: LoadedModel, shape, rng, lengths: dict | None = None) ->
     return feeds
 
 
+def _structured_side(loaded: LoadedModel) -> int:
+    sides = loaded.image_sides or (loaded.min_length,)
+    return sides[min(1, len(sides) - 1)]
+
+
 def _is_integer(dtype: str) -> bool:
     return dtype.startswith(("int", "uint"))
 
@@ -362,6 +415,66 @@ def _output_shapes(loaded: LoadedModel, lengths: dict) -> list | None:
     return [outputs[info.name].shape for info in loaded.outputs]
 
 
+def _keras_at(loaded: LoadedModel, lengths: dict) -> dict | None:
+    """Keras' outputs at batch 2 and these lengths (sides), or `None` when
+    Keras cannot run them."""
+    feeds = make_inputs(loaded, (2, 1), np.random.default_rng(SEED), lengths)
+    try:
+        return keras_outputs(loaded, feeds, "probe")
+    except UsageError:
+        return None
+
+
+def accepts_side(loaded: LoadedModel, side: int) -> bool:
+    """Whether the model takes square images of `side`: Keras runs them, and
+    every output is non-empty and finite (a DenseNet pools a 1x1 image's
+    empty map into NaN)."""
+    axes = {axis for info in loaded.inputs if images.is_image(info) for axis in info.axes}
+    outputs = _keras_at(loaded, dict.fromkeys(axes & {"height", "width"}, side))
+    if outputs is None:
+        return False
+    return all(value.size and np.isfinite(value).all() for value in outputs.values())
+
+
+def image_sides(loaded: LoadedModel) -> tuple:
+    """The sides of the default grid's images: the smallest the model takes,
+    and those it takes near `images.DEFAULT_SIDES`; its own sizes when it
+    fixes them; `()` for a model without images.
+
+    Args:
+        loaded: the loaded model, its inputs' roles read.
+
+    Returns:
+        The sides, smallest first.
+
+    Raises:
+        UsageError: the model takes no square image up to 512 pixels a side.
+    """
+    pictures = [info for info in loaded.inputs if images.is_image(info)]
+    if not pictures:
+        return ()
+    free = {axis for info in pictures for axis in images.free_axes(info)}
+    if not free:
+        fixed = images.spatial_size(pictures[0], 1)
+        return (fixed[0],)
+
+    def accepts(side: int) -> bool:
+        return accepts_side(loaded, side)
+
+    smallest = smallest_accepted(accepts, IMAGE_BOUND)
+    if smallest is None:
+        raise UsageError(
+            f"the model takes no square image of {pictures[0].name!r} from 1 to {IMAGE_BOUND} "
+            "pixels a side (Keras fails, or gives an empty or non-finite output, at every "
+            "one); check that it runs in Keras on images"
+        )
+    sides = {smallest}
+    for side in images.DEFAULT_SIDES:
+        near = images.accepted_near(accepts, side, smallest)
+        sides |= {near} if near else set()
+    return tuple(sorted(sides))
+
+
 def shortest_length(loaded: LoadedModel) -> int:
     """The shortest sequence Keras runs the model on, searched before any
     conversion (lengths 1, 2, 4, ..., then halving the last gap), so that a
@@ -375,7 +488,13 @@ def shortest_length(loaded: LoadedModel) -> int:
     Returns:
         The length.
     """
-    axes = {info.sequence for info in loaded.inputs if info.role != "positions"}
+    if loaded.image_sides:
+        return loaded.image_sides[0]
+    axes = {
+        info.sequence
+        for info in loaded.inputs
+        if info.role != "positions" and not images.is_image(info)
+    }
     if not axes or any(_fixed_length(loaded, axis) is not None for axis in axes):
         return 1
     bound = loaded.max_length or max(DEFAULT_LENGTHS)
@@ -383,17 +502,31 @@ def shortest_length(loaded: LoadedModel) -> int:
     def runs(length: int) -> bool:
         return _output_shapes(loaded, dict.fromkeys(axes, length)) is not None
 
-    if runs(1):
+    return smallest_accepted(runs, bound) or 1
+
+
+def smallest_accepted(accepts, bound: int) -> int | None:
+    """The smallest size the model accepts: 1, 2, 4, ... then halving the
+    last gap.
+
+    Args:
+        accepts: `size -> bool`.
+        bound: the largest size tried.
+
+    Returns:
+        The size, or `None` when none up to `bound` is accepted.
+    """
+    if accepts(1):
         return 1
     good = 2
-    while good <= bound and not runs(good):
+    while good <= bound and not accepts(good):
         good *= 2
     if good > bound:
-        return 1
+        return None
     bad = good // 2
     while good - bad > 1:
         middle = (good + bad) // 2
-        bad, good = (bad, middle) if runs(middle) else (middle, good)
+        bad, good = (bad, middle) if accepts(middle) else (middle, good)
     return good
 
 
@@ -467,36 +600,70 @@ def name_output_axes(loaded: LoadedModel) -> list:
         `loaded.outputs`, each with `axes` set where the data named an axis.
     """
     axes = [
-        name for name in dict.fromkeys(i.sequence for i in loaded.inputs if i.role != "positions")
+        name
+        for name in dict.fromkeys(
+            i.sequence for i in loaded.inputs if i.role != "positions" and not images.is_image(i)
+        )
     ]
     axes = [axis for axis in axes if _fixed_length(loaded, axis) is None]
     bound = loaded.max_length or 64
     shortest = loaded.min_length
     base = {axis: min(shortest + 4 + 2 * index, bound) for index, axis in enumerate(axes)}
+    longer = {axis: min(base[axis] + 3, bound) for axis in axes}
+    sides = loaded.image_sides
+    spatial = [a for i in loaded.inputs if images.is_image(i) for a in images.free_axes(i)]
+    for axis in dict.fromkeys(spatial):
+        if len(sides) > 1:  # two sides the model takes: the first, then the next
+            axes.append(axis)
+            base[axis], longer[axis] = sides[0], sides[1]
     before = _output_shapes(loaded, base) if axes else None
     if before is None:
         return loaded.outputs
     follows: dict = {}
     for axis in axes:
-        longer = _output_shapes(loaded, {**base, axis: min(base[axis] + 3, bound)})
-        if longer is None or base[axis] + 3 > bound:
+        grown = _output_shapes(loaded, {**base, axis: longer[axis]})
+        if grown is None or longer[axis] == base[axis]:
             continue
-        for index, (old, new) in enumerate(zip(before, longer, strict=True)):
+        step = longer[axis] - base[axis]
+        for index, (old, new) in enumerate(zip(before, grown, strict=True)):
             for dim, (a, b) in enumerate(zip(old, new, strict=False)):
-                if a != b:
-                    follows.setdefault((index, dim), axis)
+                # The same axis only when it grows as the input's does; an
+                # axis strided or pooled from it is an axis of its own.
+                if a != b and (index, dim) not in follows:
+                    follows[(index, dim)] = axis if b - a == step else None
     outputs = []
     for index, info in enumerate(loaded.outputs):
         names = info.axis_names()
         for dim in range(1, len(names)):
             if info.shape[dim] is None:
-                names[dim] = follows.get((index, dim), f"{info.name}_dim_{dim}")
+                names[dim] = follows.get((index, dim)) or f"{info.name}_dim_{dim}"
         outputs.append(replace(info, axes=tuple(names)))
     return outputs
 
 
 def shape_label(shape) -> str:
-    return shape if shape == PADDED else f"{shape[0]}x{shape[1]}"
+    return shape if isinstance(shape, str) else f"{shape[0]}x{shape[1]}"
+
+
+def point_label(loaded: LoadedModel, shape) -> str:
+    """A grid point as the model's own shape where it takes one image
+    (`2x224x224x3`, `structured 3x96x96x3`), else `shape_label`'s `BxS`.
+
+    Args:
+        loaded: the loaded model.
+        shape: the grid point.
+
+    Returns:
+        The label.
+    """
+    pictures = [info for info in loaded.inputs if images.is_image(info)]
+    if len(pictures) != 1:
+        return shape_label(shape)
+    if shape == images.STRUCTURED:
+        return f"{shape} {images.label(pictures[0], 3, _structured_side(loaded))}"
+    if isinstance(shape, str):
+        return shape
+    return images.label(pictures[0], shape[0], shape[1])
 
 
 def _run_keras(loaded: LoadedModel, args):
@@ -1055,7 +1222,7 @@ def keras_references(loaded: LoadedModel, shapes=None) -> Iterator[Reference]:
     rng = np.random.default_rng(SEED)
     for shape in shapes or default_shapes(loaded):
         feeds = make_inputs(loaded, shape, rng)
-        outputs = keras_outputs(loaded, feeds, shape_label(shape))
+        outputs = keras_outputs(loaded, feeds, point_label(loaded, shape))
         warning = padding_ignored(loaded, feeds, outputs) if shape == PADDED else None
         yield Reference(shape, feeds, outputs, warning)
 
@@ -1164,13 +1331,21 @@ def validate(
             got = _file_outputs(session, feeds, dict(file_names or {}))
         except Exception as error:  # noqa: BLE001 - the file's failure, reported as one
             result.error = (
-                f"ONNX Runtime fails on the {shape_label(shape)} input: {one_line(str(error), 300)}"
+                f"ONNX Runtime fails on the {point_label(loaded, shape)} input: "
+                f"{one_line(str(error), 300)}"
             )
             return result
         valid = _valid_positions(loaded, feeds)
         for name, value in expected.items():
             check = compare(
-                shape_label(shape), name, got.get(name), value, atol, rtol, valid, allow_nonfinite
+                point_label(loaded, shape),
+                name,
+                got.get(name),
+                value,
+                atol,
+                rtol,
+                valid,
+                allow_nonfinite,
             )
             if quantized:
                 pool.add(check, got.get(name), value)

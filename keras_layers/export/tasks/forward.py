@@ -49,8 +49,9 @@ class Forward:
         """The model's own inputs, independent sequences on axes of their own
         (`validating.split_sequence_axes`), and its outputs, each axis named
         after the input axis it follows (`validating.name_output_axes`).
-        Sets `loaded.min_length` (`validating.shortest_length`) first, which
-        the runs behind both, and the grid, start from.
+        Sets `loaded.image_sides` (`validating.image_sides`) and
+        `loaded.min_length` (`validating.shortest_length`) first, which the
+        runs behind both, and the grid, start from.
 
         Args:
             loaded: the loaded model.
@@ -58,6 +59,7 @@ class Forward:
         Returns:
             `(inputs, outputs)`.
         """
+        loaded.image_sides = validating.image_sides(loaded)
         loaded.min_length = validating.shortest_length(loaded)
         inputs = validating.split_sequence_axes(loaded)
         return inputs, validating.name_output_axes(replace(loaded, inputs=inputs))

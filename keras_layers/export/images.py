@@ -1,0 +1,237 @@
+"""Image inputs: how to tell one from the model, name its axes, and draw it.
+
+An input is an image when it is a float tensor of four axes that a 2-D
+spatial layer reads first (`Conv2D`, `DepthwiseConv2D`, `ZeroPadding2D`,
+`MaxPooling2D`, ... : a Keras layer whose class name ends in `2D`), directly,
+through element-wise layers (`Rescaling`, `Normalization`, a cast), inside
+the nested model that takes it (a keras-hub task's backbone), or inside the
+custom layer that takes it (keras-hub's `ViTPatchingAndEmbedding` holds the
+patching `Conv2D`). That layer's `data_format` gives the layout: NHWC
+(`channels_last`, Keras' default) or NCHW. The axes are named `batch`,
+`height`, `width` and the channel count; a free channel axis is fed the
+channels the first convolution's kernel takes.
+
+Images are drawn at square sides: the smallest the model accepts
+(`validating.image_sides`: Keras runs it and every output is finite and
+non-empty; a DenseNet's pooling of a 1x1 image is empty), then sizes near
+`DEFAULT_SIDES` the model accepts (`accepted_near`: some only take
+multiples of their patch or window). Random images are N(0, 1), as a
+normalising image converter leaves them; the structured point
+(`STRUCTURED`) is a batch of a horizontal gradient, a checkerboard of edges
+and a constant image, on which a lost bias or a border handled differently
+shows where noise averages it away.
+"""
+
+import numpy as np
+
+from keras_layers.export.inputs import consumers
+
+ROLE = "image"
+# The grid point of structured images, beside the random ones.
+STRUCTURED = "structured"
+# Sides to draw near, after the smallest: an odd one (a "same" padding of odd
+# sizes, strides that do not divide it) and a larger one.
+DEFAULT_SIDES = (37, 96)
+# How far past a side to look for one the model accepts (a patch or window
+# multiple), and how far to look for the smallest.
+_SEARCH = 64
+_ELEMENT_WISE = ("Rescaling", "Normalization", "Activation", "Cast", "Identity", "Dropout")
+
+
+def _layer_format(layer) -> str | None:
+    """The `data_format` of a Keras 2-D spatial layer, or `None` for any other."""
+    import keras
+
+    name = type(layer).__name__
+    if not name.endswith("2D") or not type(layer).__module__.startswith("keras."):
+        return None
+    if isinstance(layer, keras.Model):
+        return None
+    return getattr(layer, "data_format", None) or "channels_last"
+
+
+def _inner_spatial(layer):
+    """The first Keras 2-D layer among a custom layer's own sub-layers."""
+    for sub in getattr(layer, "_flatten_layers", lambda **_: [])(include_self=False):
+        if _layer_format(sub):
+            return sub
+    return None
+
+
+def _outputs_of(layer, tensor) -> list:
+    """The outputs of `layer`'s calls on `tensor`."""
+    import keras
+
+    found = []
+    for node in getattr(layer, "_inbound_nodes", []):
+        arguments = getattr(node, "arguments", None)
+        if arguments is None:
+            continue
+        values = keras.tree.flatten((arguments.args, arguments.kwargs))
+        if any(value is tensor for value in values):
+            found += list(getattr(node, "output_tensors", []) or [])
+    return found
+
+
+def spatial_reader(model, tensor, depth: int = 0):
+    """The Keras 2-D layer that first reads `tensor`, at any depth.
+
+    Args:
+        model: a functional Keras model.
+        tensor: one of its symbolic inputs (or a tensor inside it).
+        depth: how many element-wise layers and nested models were passed.
+
+    Returns:
+        `(layer, data_format)`, or `None` when no 2-D layer reads it first.
+    """
+    import keras
+
+    if depth > 6:
+        return None
+    for layer, _argument in consumers(model, tensor):
+        data_format = _layer_format(layer)
+        if data_format:
+            return layer, data_format
+        if isinstance(layer, keras.Model) and getattr(layer, "inputs", None):
+            for inner in keras.tree.flatten(layer.inputs):
+                if len(inner.shape) == 4:
+                    found = spatial_reader(layer, inner, depth + 1)
+                    if found:
+                        return found
+            continue
+        inner = _inner_spatial(layer)
+        if inner is not None:
+            return inner, _layer_format(inner)
+        if type(layer).__name__ in _ELEMENT_WISE or "cast" in type(layer).__name__.lower():
+            for output in _outputs_of(layer, tensor):
+                if tuple(output.shape)[1:] == tuple(tensor.shape)[1:]:
+                    found = spatial_reader(model, output, depth + 1)
+                    if found:
+                        return found
+    return None
+
+
+def _in_channels(layer) -> int | None:
+    kernel = getattr(layer, "kernel", None)
+    if kernel is None or len(kernel.shape) != 4:
+        return None
+    return int(kernel.shape[2])
+
+
+def describe(model, name: str, shape: tuple, dtype: str, tensor) -> dict | None:
+    """The image role of one input, or `None` when it is no image.
+
+    Args:
+        model: the Keras model.
+        name: the input's name.
+        shape: its declared shape.
+        dtype: its dtype's name.
+        tensor: its symbolic tensor.
+
+    Returns:
+        The `loading.TensorInfo` fields of an image: `role`, `axes`,
+        `sequence` (`height`, the axis the grid's size sets), `layout`,
+        `role_source` and `role_reason`.
+    """
+    if len(shape) != 4 or not dtype.startswith(("float", "bfloat")):
+        return None
+    found = spatial_reader(model, tensor)
+    if found is None:
+        return None
+    layer, data_format = found
+    last = data_format == "channels_last"
+    channel_axis = 3 if last else 1
+    channels = shape[channel_axis] or _in_channels(layer) or 3
+    spatial = (1, 2) if last else (2, 3)
+    axes = ["batch", None, None, None]
+    axes[channel_axis] = channels
+    for axis, axis_name in zip(spatial, ("height", "width"), strict=True):
+        axes[axis] = shape[axis] if shape[axis] is not None else axis_name
+    layout = "NHWC" if last else "NCHW"
+    return {
+        "role": ROLE,
+        "axes": tuple(axes),
+        "sequence": "height",
+        "layout": layout,
+        "role_source": "wiring",
+        "role_reason": (
+            f"read by {type(layer).__name__} {layer.name!r}: {layout} images of {channels} channels"
+        ),
+    }
+
+
+def is_image(info) -> bool:
+    return info.role == ROLE
+
+
+def layout(info) -> str:
+    """`NHWC` or `NCHW`."""
+    return info.layout or "NHWC"
+
+
+def free_axes(info) -> list:
+    """The image's spatial axes the model leaves free: `height`, `width`."""
+    return [name for name in info.axes if name in ("height", "width")]
+
+
+def dims(info, batch: int, size) -> list:
+    """The image's shape at `size`, a side or `(height, width)`, its fixed
+    sizes kept."""
+    height, width = (size, size) if isinstance(size, int) else size
+    given = {"height": height, "width": width}
+    return [batch if axis == 0 else given.get(name, name) for axis, name in enumerate(info.axes)]
+
+
+def spatial_size(info, size) -> tuple:
+    """`(height, width)` of the image at `size`."""
+    shape = dims(info, 1, size)
+    return (shape[1], shape[2]) if layout(info) == "NHWC" else (shape[2], shape[3])
+
+
+def draw(info, batch: int, size, rng, structured: bool = False) -> np.ndarray:
+    """Images for one grid point.
+
+    Args:
+        info: the image input (`loading.TensorInfo`).
+        batch: how many.
+        size: the side of its free spatial axes, or `(height, width)`.
+        rng: a `numpy.random.Generator`.
+        structured: a horizontal gradient, a checkerboard of 4-pixel squares
+            of -1 and 1, and a constant 0.5 image, repeated to `batch`;
+            otherwise N(0, 1) noise.
+
+    Returns:
+        The batch, of the input's dtype.
+    """
+    shape = dims(info, batch, size)
+    if not structured:
+        return rng.standard_normal(shape).astype(info.dtype)
+    nhwc = layout(info) == "NHWC"
+    height, width = (shape[1], shape[2]) if nhwc else (shape[2], shape[3])
+    rows, columns = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
+    planes = [
+        np.broadcast_to(np.linspace(-1.0, 1.0, width), (height, width)),
+        np.where((rows // 4 + columns // 4) % 2 == 0, -1.0, 1.0),
+        np.full((height, width), 0.5),
+    ]
+    images = np.stack([planes[index % len(planes)] for index in range(batch)])
+    channels = shape[3] if nhwc else shape[1]
+    images = np.repeat(images[..., None], channels, axis=-1)
+    if not nhwc:
+        images = images.transpose(0, 3, 1, 2)
+    return np.ascontiguousarray(images).astype(info.dtype)
+
+
+def label(info, batch: int, size) -> str:
+    """A grid point as the model's own shape: `2x224x224x3`."""
+    return "x".join(str(d) for d in dims(info, batch, size))
+
+
+def accepted_near(accepts, side: int, smallest: int) -> int | None:
+    """The first side at or above `side` (and `smallest`) the model accepts,
+    within `_SEARCH` sizes; `None` when none is."""
+    start = max(side, smallest)
+    for candidate in range(start, start + _SEARCH):
+        if accepts(candidate):
+            return candidate
+    return None

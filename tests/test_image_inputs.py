@@ -1,0 +1,212 @@
+"""Image inputs read from the model: the role, the axes, the sizes, the grid.
+
+keras-hub image classifiers (ResNet, DenseNet, ViT) are built tiny from their
+constructors with redrawn weights, and plain Keras CNNs in both layouts; each
+is exported with the default flags. The tests check what the issue asked of
+images: the role and axes read from the model (never `keras_tensor_N`,
+never `BxS`), the sizes the model takes found before any conversion (a
+DenseNet pools a 1x1 image into NaN: the grid starts where Keras gives a
+finite map), sizes it does not take refused naming them, structured images
+beside random ones, and output axes named only when they are the input's.
+"""
+
+import keras
+import keras_hub
+import numpy as np
+import onnx
+import pytest
+
+from keras_layers.export import ExportOptions, export_model, images, loading, validating
+from keras_layers.export.cli import EXIT_USAGE, main
+
+pytestmark = [pytest.mark.tensorflow_only, pytest.mark.xdist_group("image_inputs")]
+
+
+def _redrawn(model, seed: int = 0):
+    """Every weight drawn anew (keras-hub's initialisers make BatchNorm an
+    identity, which hides a lost scale); variances kept positive."""
+    rng = np.random.default_rng(seed)
+    for weight in model.weights:
+        if "variance" in weight.path:
+            weight.assign(rng.uniform(0.5, 1.5, weight.shape))
+        else:
+            weight.assign(rng.normal(0, 0.2, weight.shape))
+    return model
+
+
+def _densenet():
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.DenseNetBackbone(
+        stackwise_num_repeats=[1, 1], image_shape=(None, None, 3)
+    )
+    return _redrawn(keras_hub.models.DenseNetImageClassifier(backbone, num_classes=5))
+
+
+def _resnet():
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.ResNetBackbone(
+        input_conv_filters=[64],
+        input_conv_kernel_sizes=[7],
+        stackwise_num_filters=[64, 16],
+        stackwise_num_blocks=[1, 1],
+        stackwise_num_strides=[1, 2],
+        block_type="bottleneck_block",
+        use_pre_activation=False,
+        image_shape=(None, None, 3),
+    )
+    return _redrawn(keras_hub.models.ResNetImageClassifier(backbone, num_classes=5))
+
+
+def _vit():
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(32, 32, 3),
+        patch_size=8,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        mlp_dim=32,
+    )
+    return _redrawn(keras_hub.models.ViTImageClassifier(backbone, num_classes=5))
+
+
+def _segmenter():
+    """A plain Keras CNN whose first map keeps the image's size ("same") and
+    whose second is strided: the first output follows height and width, the
+    second does not."""
+    keras.utils.set_random_seed(0)
+    pixels = keras.Input(shape=(None, None, 3))
+    same = keras.layers.Conv2D(4, 3, padding="same")(pixels)
+    strided = keras.layers.Conv2D(4, 3, strides=2)(same)
+    return keras.Model(pixels, [same, strided])
+
+
+def _onnx_axes(path, which: str) -> dict:
+    graph = onnx.load(str(path)).graph
+    values = graph.input if which == "input" else graph.output
+    return {
+        v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in values
+    }
+
+
+@pytest.fixture(scope="module")
+def resnet_export(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("resnet")
+    report = export_model(_resnet(), folder / "resnet.onnx")
+    return report, folder / "resnet.onnx"
+
+
+def test_a_keras_hub_image_input_has_its_role_axes_and_a_name_of_its_own(resnet_export):
+    report, path = resnet_export
+    assert report["passed"]
+    (image,) = report["inputs"]
+    assert image["role"] == "image" and image["role_source"] == "wiring"
+    assert "NHWC images of 3 channels" in image["role_reason"]
+    assert image["name"] == "images"  # Keras named it keras_tensor_N
+    assert image["shape"] == ["batch", "height", "width", 3]
+    assert _onnx_axes(path, "input") == {"images": ["batch", "height", "width", 3]}
+
+
+def test_the_grid_speaks_in_images_at_two_sizes_and_structured_ones(resnet_export):
+    report, _ = resnet_export
+    labels = [check["shape"] for check in report["checks"]]
+    sides = {label.split("x")[1] for label in labels if not label.startswith("structured")}
+    assert len(sides) >= 2, labels  # size-agnostic: at least two image sizes
+    assert {label.split("x")[0] for label in labels} >= {"1", "8"}  # batch 1 and > 1
+    assert all(label.endswith("x3") for label in labels), labels
+    assert any(label.startswith("structured 3x") for label in labels), labels
+
+
+def test_structured_images_are_a_gradient_edges_and_a_constant():
+    info = loading.TensorInfo(
+        "images",
+        (None, None, None, 3),
+        "float32",
+        role="image",
+        axes=("batch", "height", "width", 3),
+        layout="NHWC",
+    )
+    batch = images.draw(info, 3, (8, 12), np.random.default_rng(0), structured=True)
+    assert batch.shape == (3, 8, 12, 3)
+    np.testing.assert_allclose(batch[0, 3, :, 1], np.linspace(-1, 1, 12), rtol=1e-6)
+    assert set(np.unique(batch[1])) == {-1.0, 1.0} and batch[1, 0, 0, 0] != batch[1, 0, 4, 0]
+    assert np.all(batch[2] == 0.5)
+    nchw = loading.TensorInfo(
+        "x",
+        (None, 3, None, None),
+        "float32",
+        role="image",
+        axes=("batch", 3, "height", "width"),
+        layout="NCHW",
+    )
+    assert images.draw(nchw, 3, (8, 12), np.random.default_rng(0), True).shape == (3, 3, 8, 12)
+
+
+def test_a_densenet_is_fed_only_images_it_pools_into_finite_values(tmp_path):
+    """Keras pools a 1x1 image's empty map into NaN: before, the default grid
+    fed 1x1 and the export failed validation on Keras' own NaN."""
+    model = _densenet()
+    report = export_model(model, tmp_path / "densenet.onnx")
+    assert report["passed"]
+    smallest = min(int(c["shape"].split("x")[1]) for c in report["checks"] if c["shape"][0] != "s")
+    assert smallest > 1
+    one = np.zeros((1, 1, 1, 3), "float32")
+    assert not np.isfinite(np.asarray(model(one))).all()  # why 1 is not a size it takes
+
+
+def test_a_side_the_model_does_not_take_exits_2_naming_the_sides_it_takes(tmp_path, capsys):
+    path = tmp_path / "densenet.keras"
+    _densenet().save(path)
+    code = main([str(path), "-o", str(tmp_path / "d.onnx"), "--shapes", "2x1", "-q"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE
+    assert "does not take images of side 1" in err and "pixels a side at least" in err
+    assert "--shapes 2x" in err  # the fix
+    assert not (tmp_path / "d.onnx").exists()
+
+
+def test_a_fixed_size_vit_is_fed_its_own_size(tmp_path):
+    report = export_model(_vit(), tmp_path / "vit.onnx")
+    assert report["passed"]
+    assert report["inputs"][0]["shape"] == ["batch", 32, 32, 3]
+    assert {c["shape"].split(" ")[-1].split("x", 1)[1] for c in report["checks"]} == {"32x32x3"}
+
+
+def test_output_axes_are_named_after_the_images_only_where_they_are_its_own(tmp_path):
+    # (TensorFlow runs no channels-first Conv2D on a CPU: NHWC is what it exports.)
+    report = export_model(_segmenter(), tmp_path / "seg.onnx")
+    assert report["passed"]
+    (image_axes,) = _onnx_axes(tmp_path / "seg.onnx", "input").values()
+    same, strided = _onnx_axes(tmp_path / "seg.onnx", "output").values()
+    assert image_axes == ["batch", "height", "width", 3]
+    assert same == ["batch", "height", "width", 4]
+    # A strided map is about half the image's size: never named as the image's.
+    assert "height" not in strided and "width" not in strided and len(strided) == 4
+
+
+def test_an_unnamed_text_input_is_named_after_its_role(tmp_path):
+    ids = keras.Input(shape=(None,), dtype="int32")
+    hidden = keras.layers.Embedding(50, 8)(ids)
+    model = keras.Model(ids, keras.layers.Dense(3)(hidden))
+    loaded = loading.load(model)
+    assert [info.name for info in loaded.inputs] == ["token_ids"]
+
+
+def test_the_image_sides_found_are_sides_keras_runs_and_the_smallest():
+    loaded = loading.load(_densenet())
+    sides = validating.image_sides(loaded)
+    assert len(sides) >= 2 and sides == tuple(sorted(sides))
+    assert all(validating.accepts_side(loaded, side) for side in sides)
+    assert not validating.accepts_side(loaded, sides[0] - 1)
+
+
+def test_the_smallest_side_and_the_sides_near_follow_what_the_model_takes():
+    takes = lambda side: side >= 10 and side % 4 == 0  # noqa: E731 - a model's rule
+    assert validating.smallest_accepted(takes, 512) == 12
+    assert images.accepted_near(takes, 37, 12) == 40
+    assert validating.smallest_accepted(lambda side: False, 64) is None
+
+
+def test_the_options_grid_takes_the_structured_point():
+    assert validating.check_shapes([(1, 32), "structured"]) == [(1, 32), "structured"]
+    assert ExportOptions(shapes=((1, 32), "structured")).shapes
