@@ -10,13 +10,22 @@ finite map), sizes it does not take refused naming them, structured images
 beside random ones, and output axes named only when they are the input's.
 """
 
+import json
+
 import keras
 import keras_hub
 import numpy as np
 import onnx
 import pytest
 
-from keras_layers.export import ExportOptions, export_model, images, loading, validating
+from keras_layers.export import (
+    ExportOptions,
+    export_model,
+    image_model,
+    images,
+    loading,
+    validating,
+)
 from keras_layers.export.cli import EXIT_USAGE, main
 
 pytestmark = [pytest.mark.tensorflow_only, pytest.mark.xdist_group("image_inputs")]
@@ -210,3 +219,61 @@ def test_the_smallest_side_and_the_sides_near_follow_what_the_model_takes():
 def test_the_options_grid_takes_the_structured_point():
     assert validating.check_shapes([(1, 32), "structured"]) == [(1, 32), "structured"]
     assert ExportOptions(shapes=((1, 32), "structured")).shapes
+
+
+def _classifier_with_converter(scale=1 / 127.5, offset=-1.0):
+    """A ResNet classifier built with its preprocessor: an image converter
+    that crops to the aspect ratio, resizes to 32x32, rescales and offsets."""
+    task = _resnet()
+    converter = keras_hub.layers.ResNetImageConverter(
+        image_size=(32, 32), scale=scale, offset=offset
+    )
+    preprocessor = keras_hub.models.ResNetImageClassifierPreprocessor(image_converter=converter)
+    return keras_hub.models.ResNetImageClassifier(
+        task.backbone, num_classes=5, preprocessor=preprocessor
+    )
+
+
+def test_with_preprocessor_takes_decoded_images_of_any_size_as_predict_does(tmp_path, capsys):
+    """Before, `--with-preprocessor` on an image task said "has no text
+    preprocessor"; now the converter is in the file and the file matches
+    `task.predict` on raw uint8 images of other sizes and aspect ratios."""
+    import onnxruntime as ort
+
+    task = _classifier_with_converter()
+    path = tmp_path / "classifier.keras"
+    task.save(path)
+    out = tmp_path / "classifier.onnx"
+    assert main([str(path), "-o", str(out), "--with-preprocessor", "-q"]) == 0
+    report = json.loads((tmp_path / "classifier.report.json").read_text())
+    (image,) = report["inputs"]
+    assert (image["name"], image["dtype"], image["role"]) == ("images", "uint8", "image")
+    assert report["image_converter"]["predict"]["passed"]
+    assert report["image_converter"]["config"]["image_size"] == [32, 32]
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    raw = np.random.default_rng(5).integers(0, 256, (2, 45, 70, 3), dtype=np.uint8)
+    (got,) = session.run(None, {"images": raw})
+    np.testing.assert_allclose(got, task.predict(raw, verbose=0), atol=1e-4, rtol=1e-5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "classifier.keras",
+        "classifier.onnx",
+        "classifier.report.json",
+    ]
+
+
+def test_the_predict_check_fails_a_file_of_another_converter(tmp_path):
+    """The second oracle can fail: a file whose converter scales differently
+    (1/255 and no offset against 1/127.5 - 1) differs from predict."""
+    right = _classifier_with_converter()
+    wrong = _classifier_with_converter(scale=1 / 255, offset=None)
+    wrong.set_weights(right.get_weights())
+    export_model(wrong, tmp_path / "wrong.onnx", ExportOptions(preprocessor=True))
+    found = image_model.check_predict(right, tmp_path / "wrong.onnx", 1e-4, 1e-5)
+    assert not found["passed"] and found["max_abs_diff"] > 1e-2
+
+
+def test_a_task_without_a_converter_or_tokenizer_is_refused_naming_both(tmp_path, capsys):
+    path = tmp_path / "bare.keras"
+    _resnet().save(path)
+    assert main([str(path), "-o", str(tmp_path / "b.onnx"), "--with-preprocessor"]) == EXIT_USAGE
+    assert "no preprocessor with a tokenizer or an image converter" in capsys.readouterr().err

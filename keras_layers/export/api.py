@@ -2,17 +2,20 @@
 
 The stages of each kind live in their own module; this one only picks:
 
-- `ExportOptions(preprocessor=True)`: a keras-hub text task with its
-  preprocessor, strings in (`text_model.export_text_model`);
+- `ExportOptions(preprocessor=True)`: a keras-hub image task with its
+  image converter, decoded images in (`image_model.export_image_model`), or
+  a text task with its preprocessor, strings in
+  (`text_model.export_text_model`);
 - `task="causal-lm"` with a folder output (`"FOLDER/"`, or an existing
   folder): the folder onnxruntime-genai runs (`genai_folder.export_folder`);
 - anything else: the pipeline (`pipeline.export_model`), a file with token
   ids in.
 """
 
+import os
 from collections.abc import Callable
 
-from keras_layers.export import genai_folder, pipeline, text_model
+from keras_layers.export import genai_folder, image_model, loading, pipeline, text_model
 from keras_layers.export.errors import UsageError, argument
 from keras_layers.export.options import ExportOptions
 
@@ -64,6 +67,10 @@ def export_model(
                 f"{argument('task', task)}: preprocessor=True exports the forward pass of a "
                 "text task; leave task out"
             )
+        if isinstance(model, str | os.PathLike):  # read once: which preprocessor it holds
+            model = loading.load(model, imports=options.imports, unsafe=options.unsafe).model
+        if image_model.image_converter(model) is not None:
+            return image_model.export_image_model(model, output, options)
         return text_model.export_text_model(model, output, options, pairs=options.text_pairs)
     if task == "causal-lm" and genai_folder.is_folder(output):
         return genai_folder.export_folder(model, output, options, progress=progress)

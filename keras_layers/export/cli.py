@@ -408,14 +408,16 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
 
 
 def _add_text(p: argparse.ArgumentParser) -> None:
-    """--with-preprocessor, --text-pairs: strings in (`text_model`)."""
+    """--with-preprocessor, --text-pairs: strings (`text_model`) or decoded
+    images (`image_model`) in."""
     p.add_argument(
         "--with-preprocessor",
         dest="preprocessor",
         action="store_true",
-        help="one file that takes strings: the keras-hub task's tokenizer and packing as "
-        "onnxruntime-extensions ops before the model (run it with their library "
-        "registered; docs/tokenizers.md), checked on text against predict",
+        help="one file with the keras-hub task's preprocessor: strings in (its tokenizer and "
+        "packing as onnxruntime-extensions ops before the model; run it with their library "
+        "registered, docs/tokenizers.md), or decoded uint8 images of any size in (its image "
+        "converter: resize, rescale, normalise); checked against predict",
     )
     p.add_argument(
         "--text-pairs",

@@ -1,8 +1,9 @@
 """Image inputs: how to tell one from the model, name its axes, and draw it.
 
-An input is an image when it is a float tensor of four axes that a 2-D
-spatial layer reads first (`Conv2D`, `DepthwiseConv2D`, `ZeroPadding2D`,
-`MaxPooling2D`, ... : a Keras layer whose class name ends in `2D`), directly,
+An input is an image when it is a float (or decoded `uint8`) tensor of four
+axes that a 2-D spatial layer reads first (`Conv2D`, `DepthwiseConv2D`,
+`ZeroPadding2D`, `MaxPooling2D`, ... : a Keras layer whose class name ends in
+`2D`; or the `Resizing` of an image converter), directly,
 through element-wise layers (`Rescaling`, `Normalization`, a cast), inside
 the nested model that takes it (a keras-hub task's backbone), or inside the
 custom layer that takes it (keras-hub's `ViTPatchingAndEmbedding` holds the
@@ -11,9 +12,10 @@ patching `Conv2D`). That layer's `data_format` gives the layout: NHWC
 `height`, `width` and the channel count; a free channel axis is fed the
 channels the first convolution's kernel takes.
 
-Images are drawn at square sides: the smallest the model accepts
-(`validating.image_sides`: Keras runs it and every output is finite and
-non-empty; a DenseNet's pooling of a 1x1 image is empty), then sizes near
+Decoded `uint8` images are drawn over 0..255. Images are drawn at square
+sides: the smallest the model accepts (`validating.image_sides`: Keras runs
+it and every output is finite and non-empty; a DenseNet's pooling of a 1x1
+image is empty), then sizes near
 `DEFAULT_SIDES` the model accepts (`accepted_near`: some only take
 multiples of their patch or window). Random images are N(0, 1), as a
 normalising image converter leaves them; the structured point
@@ -35,6 +37,8 @@ DEFAULT_SIDES = (37, 96)
 # How far past a side to look for one the model accepts (a patch or window
 # multiple), and how far to look for the smallest.
 _SEARCH = 64
+# Keras layers that resize or crop images (an image converter's).
+_RESIZING = ("Resizing", "CenterCrop", "RandomCrop")
 _ELEMENT_WISE = ("Rescaling", "Normalization", "Activation", "Cast", "Identity", "Dropout")
 
 
@@ -43,7 +47,8 @@ def _layer_format(layer) -> str | None:
     import keras
 
     name = type(layer).__name__
-    if not name.endswith("2D") or not type(layer).__module__.startswith("keras."):
+    spatial = name.endswith("2D") or name in _RESIZING
+    if not spatial or not type(layer).__module__.startswith("keras."):
         return None
     if isinstance(layer, keras.Model):
         return None
@@ -73,6 +78,20 @@ def _outputs_of(layer, tensor) -> list:
     return found
 
 
+def _operations_reading(model, tensor) -> list:
+    """The plain operations of a functional model (`keras.ops.cast(images)`,
+    which are no layers) that read `tensor`, as `consumers` gives layers."""
+    import keras
+
+    found = []
+    for operation in getattr(model, "operations", []):
+        if isinstance(operation, keras.layers.Layer):
+            continue
+        if _outputs_of(operation, tensor):
+            found.append((operation, "x"))
+    return found
+
+
 def spatial_reader(model, tensor, depth: int = 0):
     """The Keras 2-D layer that first reads `tensor`, at any depth.
 
@@ -88,7 +107,7 @@ def spatial_reader(model, tensor, depth: int = 0):
 
     if depth > 6:
         return None
-    for layer, _argument in consumers(model, tensor):
+    for layer, _argument in [*consumers(model, tensor), *_operations_reading(model, tensor)]:
         data_format = _layer_format(layer)
         if data_format:
             return layer, data_format
@@ -133,7 +152,7 @@ def describe(model, name: str, shape: tuple, dtype: str, tensor) -> dict | None:
         `sequence` (`height`, the axis the grid's size sets), `layout`,
         `role_source` and `role_reason`.
     """
-    if len(shape) != 4 or not dtype.startswith(("float", "bfloat")):
+    if len(shape) != 4 or not dtype.startswith(("float", "bfloat", "uint8")):
         return None
     found = spatial_reader(model, tensor)
     if found is None:
@@ -161,29 +180,67 @@ def describe(model, name: str, shape: tuple, dtype: str, tensor) -> dict | None:
 
 
 def is_image(info) -> bool:
+    """Whether an input is an image.
+
+    Args:
+        info: the input (`loading.TensorInfo`).
+
+    Returns:
+        Its role is `image`.
+    """
     return info.role == ROLE
 
 
 def layout(info) -> str:
-    """`NHWC` or `NCHW`."""
+    """The image's layout.
+
+    Args:
+        info: the image input.
+
+    Returns:
+        `NHWC` or `NCHW`.
+    """
     return info.layout or "NHWC"
 
 
 def free_axes(info) -> list:
-    """The image's spatial axes the model leaves free: `height`, `width`."""
+    """The image's spatial axes the model leaves free.
+
+    Args:
+        info: the image input.
+
+    Returns:
+        Those of `height` and `width` that are not fixed.
+    """
     return [name for name in info.axes if name in ("height", "width")]
 
 
 def dims(info, batch: int, size) -> list:
-    """The image's shape at `size`, a side or `(height, width)`, its fixed
-    sizes kept."""
+    """The image's shape at a size, its fixed sizes kept.
+
+    Args:
+        info: the image input.
+        batch: the batch.
+        size: a side, or `(height, width)`.
+
+    Returns:
+        The shape, in the image's layout.
+    """
     height, width = (size, size) if isinstance(size, int) else size
     given = {"height": height, "width": width}
     return [batch if axis == 0 else given.get(name, name) for axis, name in enumerate(info.axes)]
 
 
 def spatial_size(info, size) -> tuple:
-    """`(height, width)` of the image at `size`."""
+    """The image's height and width at a size.
+
+    Args:
+        info: the image input.
+        size: a side, or `(height, width)`.
+
+    Returns:
+        `(height, width)`, its fixed sizes kept.
+    """
     shape = dims(info, 1, size)
     return (shape[1], shape[2]) if layout(info) == "NHWC" else (shape[2], shape[3])
 
@@ -204,7 +261,10 @@ def draw(info, batch: int, size, rng, structured: bool = False) -> np.ndarray:
         The batch, of the input's dtype.
     """
     shape = dims(info, batch, size)
+    decoded = info.dtype == "uint8"  # decoded pixels, for an image converter in the graph
     if not structured:
+        if decoded:
+            return rng.integers(0, 256, shape, dtype=np.uint8)
         return rng.standard_normal(shape).astype(info.dtype)
     nhwc = layout(info) == "NHWC"
     height, width = (shape[1], shape[2]) if nhwc else (shape[2], shape[3])
@@ -219,17 +279,36 @@ def draw(info, batch: int, size, rng, structured: bool = False) -> np.ndarray:
     images = np.repeat(images[..., None], channels, axis=-1)
     if not nhwc:
         images = images.transpose(0, 3, 1, 2)
+    if decoded:  # -1..1 onto 0..255
+        images = np.rint((images + 1.0) * 127.5)
     return np.ascontiguousarray(images).astype(info.dtype)
 
 
 def label(info, batch: int, size) -> str:
-    """A grid point as the model's own shape: `2x224x224x3`."""
+    """A grid point as the model's own shape.
+
+    Args:
+        info: the image input.
+        batch: the batch.
+        size: a side, or `(height, width)`.
+
+    Returns:
+        The shape as `2x224x224x3`.
+    """
     return "x".join(str(d) for d in dims(info, batch, size))
 
 
 def accepted_near(accepts, side: int, smallest: int) -> int | None:
-    """The first side at or above `side` (and `smallest`) the model accepts,
-    within `_SEARCH` sizes; `None` when none is."""
+    """The first side at or above `side` (and `smallest`) the model accepts.
+
+    Args:
+        accepts: `side -> bool`.
+        side: the side wanted.
+        smallest: the smallest side the model takes.
+
+    Returns:
+        The side, or `None` when none within `_SEARCH` sizes is accepted.
+    """
     start = max(side, smallest)
     for candidate in range(start, start + _SEARCH):
         if accepts(candidate):

@@ -173,8 +173,9 @@ def plan_text(task_model) -> TextPlan:
     preprocessor = getattr(task_model, "preprocessor", None)
     if preprocessor is None or getattr(preprocessor, "tokenizer", None) is None:
         raise UsageError(
-            f"{argument('preprocessor', True)}: {type(task_model).__name__} has no text "
-            "preprocessor (a keras-hub task built with preprocessor=...) to put in the file"
+            f"{argument('preprocessor', True)}: {type(task_model).__name__} has no "
+            "preprocessor with a tokenizer or an image converter (a keras-hub task built with "
+            "preprocessor=...) to put in the file"
         )
     tokenizer, name = preprocessor.tokenizer, type(preprocessor).__name__
     family = _family(tokenizer)

@@ -426,9 +426,16 @@ def _keras_at(loaded: LoadedModel, lengths: dict) -> dict | None:
 
 
 def accepts_side(loaded: LoadedModel, side: int) -> bool:
-    """Whether the model takes square images of `side`: Keras runs them, and
-    every output is non-empty and finite (a DenseNet pools a 1x1 image's
-    empty map into NaN)."""
+    """Whether the model takes square images of a side.
+
+    Args:
+        loaded: the loaded model, its image inputs' roles read.
+        side: the side.
+
+    Returns:
+        Keras runs the model on them, and every output is non-empty and
+        finite (a DenseNet pools a 1x1 image's empty map into NaN).
+    """
     axes = {axis for info in loaded.inputs if images.is_image(info) for axis in info.axes}
     outputs = _keras_at(loaded, dict.fromkeys(axes & {"height", "width"}, side))
     if outputs is None:
@@ -1330,23 +1337,13 @@ def validate(
         try:
             got = _file_outputs(session, feeds, dict(file_names or {}))
         except Exception as error:  # noqa: BLE001 - the file's failure, reported as one
-            result.error = (
-                f"ONNX Runtime fails on the {point_label(loaded, shape)} input: "
-                f"{one_line(str(error), 300)}"
-            )
+            where = point_label(loaded, shape)
+            result.error = f"ONNX Runtime fails on the {where} input: {one_line(str(error), 300)}"
             return result
-        valid = _valid_positions(loaded, feeds)
+        valid, label = _valid_positions(loaded, feeds), point_label(loaded, shape)
         for name, value in expected.items():
-            check = compare(
-                point_label(loaded, shape),
-                name,
-                got.get(name),
-                value,
-                atol,
-                rtol,
-                valid,
-                allow_nonfinite,
-            )
+            got_value = got.get(name)
+            check = compare(label, name, got_value, value, atol, rtol, valid, allow_nonfinite)
             if quantized:
                 pool.add(check, got.get(name), value)
                 check.passed = check.problem is None  # the gates judge the rest
