@@ -39,6 +39,7 @@ PAGES_BY_STEM = {
     "genai": ROOT / "docs" / "generation.md",
     "mutation": ROOT / "docs" / "conformance.md",
     "tokenizers": ROOT / "docs" / "tokenizers.md",
+    "vision": ROOT / "docs" / "vision.md",
 }
 MARKED_TABLE = re.compile(
     r"^<!-- table: (?P<name>[\w.]+) -->\n(?P<body>.*?)^<!-- /table -->$", flags=re.S | re.M
@@ -904,6 +905,126 @@ def zoo_tokenizer_cells(results: Path = RESULTS) -> dict:
     return cells
 
 
+# --- vision.json -------------------------------------------------------------------
+
+VISION_LABELS = {
+    "ours": "ours",
+    "keras_export": "Keras export",
+    "tf2onnx": "plain tf2onnx",
+    "xla": "XLA (no file)",
+}
+# (peer, the page's column, the issue's bound on ours / peer)
+VISION_SPEED_TARGETS = [("keras_export", "Keras export", 0.90), ("xla", "XLA", 0.90)]
+
+
+def _vision_error(entry: dict) -> str:
+    """The last clause of an error (ONNX Runtime's "No Op registered for
+    ..."), safe in a cell: the whole message is in the JSON."""
+    return _prose_cell(entry["error"].rsplit("Error ", 1)[-1].strip()[:120])
+
+
+def vision_speed_table(report: dict) -> str:
+    """Median milliseconds of every contender at every batch, and ours over the peers."""
+    rows = []
+    for row in report["rows"]:
+        cells = [row["model"], str(row["batch"])]
+        cells += [
+            f"{row[name]['ms']:.1f}" if "ms" in row[name] else "error"
+            for name in ("ours", "keras_export", "tf2onnx", "xla")
+        ]
+        for peer, _, bound in VISION_SPEED_TARGETS:
+            ratio = row["ratios"][f"ours / {peer}"]
+            cells.append("" if ratio is None else _against(ratio, bound, True))
+        rows.append(cells)
+    header = ["model", "batch", "ours ms", "Keras export ms", "plain tf2onnx ms", "XLA ms"]
+    header += [f"ours / {label} (<= {bound:.2f})" for _, label, bound in VISION_SPEED_TARGETS]
+    return markdown_table(header, [False] + [True] * 7, rows)
+
+
+def vision_files_table(report: dict) -> str:
+    """Each file: size against the parameters, nodes, Transposes, most common
+    ops, export time, agreement with Keras, and whether ONNX Runtime runs it."""
+    rows = []
+    for model, files in report["files"].items():
+        first = next(row for row in report["rows"] if row["model"] == model)
+        differences = report["max_abs_diff_vs_keras"][model]
+        for name in (*files, "xla"):
+            facts = files.get(name, {})
+            runs = _vision_error(first[name]) if "error" in first[name] else "yes"
+            difference = differences.get(name)
+            if "bytes" not in facts:
+                rows.append([model, VISION_LABELS[name], *[""] * 6, runs, ""])
+                continue
+            rows.append(
+                [
+                    model,
+                    VISION_LABELS[name],
+                    f"{facts['bytes'] / 1e6:.1f}",
+                    f"{facts['bytes_over_parameters']:.3f}",
+                    str(facts["nodes"]),
+                    str(facts["transposes"]),
+                    ", ".join(f"{op} {n}" for op, n in list(facts["op_counts"].items())[:5]),
+                    f"{facts['export_seconds']:.1f}",
+                    runs,
+                    _optional(difference, ".1e"),
+                ]
+            )
+        rows[-1][-1] = _optional(differences.get("xla"), ".1e")
+    header = ["model", "contender", "MB", "file / parameter bytes", "nodes", "Transposes"]
+    header += ["most common ops", "export s", "runs in ONNX Runtime", "max abs diff vs Keras"]
+    right = [False, False, True, True, True, True, False, True, False, True]
+    return markdown_table(header, right, rows)
+
+
+def vision_export_table(report: dict) -> str:
+    """Our export's time and peak memory (its child process's VmHWM), against the weights."""
+    rows = []
+    for model, export in report["export"].items():
+        weights = report["parameters_bytes"][model]
+        if "error" in export:
+            rows.append([model, f"{weights / 1e6:.1f}", *[""] * 5, _vision_error(export)])
+            continue
+        rows.append(
+            [
+                model,
+                f"{weights / 1e6:.1f}",
+                f"{export['seconds']:.1f}",
+                f"{export['built_rss_bytes'] / 1e6:,.0f}",
+                f"{export['peak_rss_bytes'] / 1e6:,.0f}",
+                f"{export['added_rss_bytes'] / 1e6:,.0f}",
+                _against(export["added_rss_bytes"] / weights, 2.5, True),
+                f"{export['peak_rss_bytes'] / weights:.2f}",
+            ]
+        )
+    header = ["model", "weights MB", "export s", "RSS before the export MB"]
+    header += ["peak RSS MB", "added by the export MB", "added / weights (<= 2.5)"]
+    header += ["peak / weights"]
+    return markdown_table(header, [False] + [True] * 7, rows)
+
+
+def vision_targets_table(report: dict) -> str:
+    """Every target of the issue at every point, as the benchmark judged it."""
+    rows = []
+    for check in report["targets"]["checks"]:
+        if check["met"] is None:
+            met, measured = f"not measured: {_vision_error({'error': check['why']})}", ""
+        else:
+            met, measured = ("yes" if check["met"] else "**no**"), f"{check['ratio']:.3f}"
+        batch = "" if check["batch"] is None else str(check["batch"])
+        rows.append(
+            [check["target"], check["model"], batch, measured, f"{check['at_most']:.2f}", met]
+        )
+    header = ["target", "model", "batch", "measured", "at most", "met"]
+    return markdown_table(header, [False, False, True, True, True, False], rows)
+
+
+VISION_TABLES: dict[str, Callable[[dict], str]] = {
+    "vision.speed": vision_speed_table,
+    "vision.files": vision_files_table,
+    "vision.export": vision_export_table,
+    "vision.targets": vision_targets_table,
+}
+
 TOKENIZER_TABLES: dict[str, Callable[[dict], str]] = {
     "tokenizers.identity": tokenizers_identity_table,
     "tokenizers.speed": tokenizers_speed_table,
@@ -951,6 +1072,7 @@ def pages() -> list:
 
 TABLES.update(MUTATION_TABLES)
 TABLES.update(TOKENIZER_TABLES)
+TABLES.update(VISION_TABLES)
 
 
 def render_tables(results: Path = RESULTS) -> dict:

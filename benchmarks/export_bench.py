@@ -73,11 +73,11 @@ def run_child(kind, model_path, output):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def session(path):
+def session(path, threads: int = THREADS):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = THREADS
+    options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # ONNX Runtime's threads spin-wait between the ops of a run (its default,

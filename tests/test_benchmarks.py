@@ -207,3 +207,36 @@ def test_int8_rows_benchmark_quick_mode_compares_both_scales():
     (timing,) = entry["latency_ms"].values()
     assert timing["per row / per tensor"] > 0
     assert (results_io.RESULTS / "int8_rows.quick.json").exists()
+
+
+def test_vision_benchmark_quick_mode_writes_the_documented_keys():
+    """Both image classifiers, every contender at every batch: milliseconds or
+    the error that kept it from running; the targets recorded, met or not."""
+    from benchmarks import vision
+
+    report = vision.main(["--quick"])
+    models = list(vision.QUICK_MODELS)
+    assert [(row["model"], row["batch"]) for row in report["rows"]] == [
+        (model, batch) for model in models for batch in vision.BATCHES
+    ]
+    for row in report["rows"]:
+        assert row["ours"]["ms"] > 0 and row["xla"]["ms"] > 0, row["model"]
+        for contender in vision.CONTENDERS:
+            assert ("ms" in row[contender]) != ("error" in row[contender]), contender
+        assert set(row["ratios"]) == {"ours / keras_export", "ours / xla"}
+    for key in ("files", "parameters_bytes", "export", "max_abs_diff_vs_keras"):
+        assert set(report[key]) == set(models), key
+    for model in models:
+        assert set(report["files"][model]) == set(vision.FILES)
+        ours = report["files"][model]["ours"]
+        assert {"bytes", "nodes", "op_counts", "transposes"} <= set(ours), model
+        export = report["export"][model]
+        assert export["passed"] and export["seconds"] > 0 and export["peak_rss_bytes"] > 0
+        # Our file and XLA compute Keras' logits (tiny models: float32 rounding).
+        assert report["max_abs_diff_vs_keras"][model]["ours"] < 1e-4, model
+    targets = report["targets"]
+    assert {"all_met", "missed", "not_measured", "checks"} <= set(targets)
+    assert all(check["met"] in (True, False, None) for check in targets["checks"])
+    assert report["machine"]["cores"] and report["sessions"]["intra_op_num_threads"]
+    written = json.loads((results_io.RESULTS / "vision.quick.json").read_text())
+    assert written["rows"] == report["rows"] and written["targets"] == report["targets"]
