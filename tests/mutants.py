@@ -18,12 +18,14 @@ a mutant that survives is the validator's miss, never a load error.
 |---|---|
 | `mask_ignored` | the padding mask never reaches the attention (or the recurrence) |
 | `weight_scaled` | one weight 1% off (a stale or re-rounded copy of it) |
+| `late_weight_scaled` | the weight of the layer nearest an output 1% off (a late layer's copy) |
 | `positions_swapped` | positions 0 and 1 swapped (in the table, or before the sinusoid) |
 | `layernorm_epsilon` | every norm's epsilon taken from the other framework's default |
 | `attention_scale_dropped` | the attention's 1/sqrt(head size) left out |
 | `embedding_scale_dropped` | the embedding's sqrt(d_model) left out |
 | `softcap_dropped` | a logit softcap (`cap * tanh(x / cap)`) left out |
 | `head_zeroed` | one attention head's output lost (a wrong head split) |
+| `channels_swapped` | an image input's channels reversed, RGB <-> BGR (the other library's order) |
 
 Imports numpy and onnx only: benchmarks read it without TensorFlow.
 """
@@ -101,8 +103,13 @@ COMPARISONS = {
 KERAS_EPSILON = 1e-3
 TORCH_EPSILON = 1e-5
 EPSILON_LINE = 1e-4
-# How much `weight_scaled` scales its weight.
+# How much `weight_scaled` and `late_weight_scaled` scale their weight.
 WEIGHT_FACTOR = 1.01
+# The channels of an image `channels_swapped` reverses: RGB, as Keras'
+# image models take it (BGR is OpenCV's and Caffe's order), as floats or as
+# the decoded bytes an image task's converter takes.
+COLOUR_CHANNELS = 3
+PIXEL_TYPES = (*FLOATS, TensorProto.UINT8)
 
 
 def wrong_epsilon(epsilon: float) -> float:
@@ -393,6 +400,10 @@ class Graph:
     def rank(self, name: str) -> int | None:
         return self._ranks.get(name)
 
+    def shape(self, name: str) -> list | None:
+        """`name`'s dimensions where inference finds them (None for a free one)."""
+        return self._shapes.get(name)
+
     def position(self, node) -> int:
         return self._positions[id(node)]
 
@@ -642,37 +653,98 @@ def mask_ignored(g: Graph):
 # --- weight_scaled ----------------------------------------------------------------
 
 WEIGHT_READERS = PRODUCTS | {"Attention"}
+NO_PRODUCT_WEIGHT = (
+    "no float initializer of two or more dimensions is read by a MatMul, Gemm, Conv, "
+    "Einsum or fused Attention"
+)
+
+
+def _product_weights(g: Graph, node) -> list:
+    """The float initializers of two or more dimensions that `node` reads, if it is a product."""
+    if node.op_type not in WEIGHT_READERS:
+        return []
+    return [
+        name
+        for name in node.input
+        if (tensor := g.initializers.get(name)) is not None
+        and tensor.data_type in FLOATS
+        and len(tensor.dims) >= 2
+    ]
+
+
+def _size_then_digest(g: Graph, name: str) -> tuple:
+    """The larger weight first, then the one whose values digest lower: an
+    order by what the weight is, never by node order or names, which differ
+    from one export process to the next."""
+    value = numpy_helper.to_array(g.initializers[name])
+    return (-value.size, hashlib.sha256(value.tobytes()).hexdigest())
 
 
 def weight_scaled(g: Graph):
     """The largest float weight of two or more dimensions that a product reads
-    (ties broken by a digest of its values) times `WEIGHT_FACTOR`: chosen by
-    what the weight is, never by node order or names, which differ from one
-    export process to the next."""
-    candidates = {}
-    for node in g.nodes:
-        if node.op_type not in WEIGHT_READERS:
-            continue
-        for name in node.input:
-            tensor = g.initializers.get(name)
-            if tensor is not None and tensor.data_type in FLOATS and len(tensor.dims) >= 2:
-                candidates[name] = tensor
+    (ties broken by a digest of its values) times `WEIGHT_FACTOR`."""
+    candidates = dict.fromkeys(name for node in g.nodes for name in _product_weights(g, node))
     if not candidates:
-        return (
-            "no float initializer of two or more dimensions is read by a MatMul, Gemm, Conv, "
-            "Einsum or fused Attention"
-        )
-
-    def size_then_digest(name):
-        value = numpy_helper.to_array(candidates[name])
-        return (-value.size, hashlib.sha256(value.tobytes()).hexdigest())
-
-    name = min(candidates, key=size_then_digest)
-    tensor = candidates[name]
+        return NO_PRODUCT_WEIGHT
+    name = min(candidates, key=lambda name: _size_then_digest(g, name))
+    tensor = g.initializers[name]
     value = numpy_helper.to_array(tensor)
     tensor.CopyFrom(numpy_helper.from_array((value * WEIGHT_FACTOR).astype(value.dtype), name))
     readers = ", ".join(describe(reader) for reader, _ in g.consumers[name])
     return [f"initializer {name!r} {list(tensor.dims)} x {WEIGHT_FACTOR} (read by {readers})"]
+
+
+def _steps_to_outputs(g: Graph) -> dict:
+    """`id(node)` -> the nodes on the shortest path from `node` to a graph
+    output, `node` included: 1 for a node that writes one."""
+    steps, queue = {}, deque()
+    for output in g.proto.graph.output:
+        node = g.producer.get(output.name)
+        if node is not None and id(node) not in steps:
+            steps[id(node)] = 1
+            queue.append(node)
+    while queue:
+        node = queue.popleft()
+        for name in [*node.input, *sorted(g.outer[id(node)])]:
+            producer = g.producer.get(name)
+            if producer is not None and id(producer) not in steps:
+                steps[id(producer)] = steps[id(node)] + 1
+                queue.append(producer)
+    return steps
+
+
+def late_weight_scaled(g: Graph):
+    """The weight of the product nearest a graph output (fewest nodes away;
+    ties broken as `weight_scaled` breaks them) times `WEIGHT_FACTOR`, as that
+    product reads it: a weight other nodes read too (a tied embedding) is
+    scaled in a copy, so that only the late layer is off."""
+    steps = _steps_to_outputs(g)
+    candidates = [
+        (steps[id(node)], node, name)
+        for node in g.nodes
+        if id(node) in steps
+        for name in _product_weights(g, node)
+    ]
+    if not candidates:
+        return NO_PRODUCT_WEIGHT + " on the way to an output"
+    distance, node, name = min(
+        candidates, key=lambda found: (found[0], *_size_then_digest(g, found[2]))
+    )
+    tensor = g.initializers[name]
+    value = numpy_helper.to_array(tensor)
+    scaled = (value * WEIGHT_FACTOR).astype(value.dtype)
+    others = sorted({describe(reader) for reader, _ in g.consumers[name] if reader is not node})
+    if others:
+        copy = g.add_constant(scaled, "late_weight")
+        node.input[:] = [copy if entry == name else entry for entry in node.input]
+        kept = f"in a copy ({', '.join(others)} keep the original)"
+    else:
+        tensor.CopyFrom(numpy_helper.from_array(scaled, name))
+        kept = "its only reader"
+    return [
+        f"{describe(node)}, {distance} node(s) from an output: initializer {name!r} "
+        f"{list(tensor.dims)} x {WEIGHT_FACTOR}, {kept}"
+    ]
 
 
 # --- positions_swapped ---------------------------------------------------------------
@@ -1103,6 +1175,57 @@ def head_zeroed(g: Graph):
     )
 
 
+# --- channels_swapped -------------------------------------------------------------------
+
+
+def _declared(g: Graph, name: str) -> str:
+    """A graph input as the file declares it: `float [batch, 224, 224, 3]`."""
+    value = next(value for value in g.proto.graph.input if value.name == name)
+    tensor = value.type.tensor_type
+    dims = [dim.dim_param or str(dim.dim_value) for dim in tensor.shape.dim]
+    kind = TensorProto.DataType.Name(tensor.elem_type).lower()
+    return f"{kind} [{', '.join(dims)}]" if tensor.HasField("shape") else kind
+
+
+def _colour_axis(g: Graph, name: str) -> int | None:
+    """The channel axis of a float or uint8 graph input of four axes with
+    `COLOUR_CHANNELS` channels: 3 (NHWC, Keras' default, tried first) or 1
+    (NCHW); None for any other input."""
+    shape = g.shape(name)
+    if g.dtype(name) not in PIXEL_TYPES or shape is None or len(shape) != 4:
+        return None
+    for axis in (3, 1):
+        if shape[axis] == COLOUR_CHANNELS:
+            return axis
+    return None
+
+
+def channels_swapped(g: Graph):
+    """Every RGB image input read in the reverse channel order, BGR: a
+    `Gather` of channels 2, 1, 0 on its channel axis, which every reader of
+    the input reads instead."""
+    where, others = [], []
+    for name in g.inputs:
+        axis = _colour_axis(g, name)
+        if axis is None or not g.nodes:
+            others.append(f"{name!r} {_declared(g, name)}")
+            continue
+        reversed_ = g.fresh("channels_reversed")
+        readers = len(g.consumers[name])
+        _rename_reads(g.proto.graph, name, reversed_)
+        order = g.add_constant(np.arange(COLOUR_CHANNELS)[::-1].astype(np.int64), "channel_order")
+        reversal = helper.make_node("Gather", [name, order], [reversed_], axis=axis)
+        g.insert_before(g.nodes[0], [reversal])
+        where.append(
+            f"input {name!r} {_declared(g, name)}: channels reversed on axis {axis} "
+            f"(RGB <-> BGR) for its {readers} reader(s)"
+        )
+    return where or (
+        f"no image input: no float or uint8 graph input of four axes with {COLOUR_CHANNELS} "
+        f"channels on axis 3 (NHWC) or 1 (NCHW); the inputs are {', '.join(others) or 'none'}"
+    )
+
+
 MUTATIONS = (
     Mutation(
         "mask_ignored",
@@ -1115,6 +1238,12 @@ MUTATIONS = (
         "weight_scaled",
         f"the largest float weight of 2+ dimensions read by a product, x {WEIGHT_FACTOR}",
         weight_scaled,
+    ),
+    Mutation(
+        "late_weight_scaled",
+        "the float weight of 2+ dimensions read by the product nearest a graph output (fewest "
+        f"nodes away), x {WEIGHT_FACTOR} for that product only",
+        late_weight_scaled,
     ),
     Mutation(
         "positions_swapped",
@@ -1148,6 +1277,12 @@ MUTATIONS = (
         "head_zeroed",
         "head 0 of the first attention's output zeroed before the output projection",
         head_zeroed,
+    ),
+    Mutation(
+        "channels_swapped",
+        f"every float or uint8 image input of {COLOUR_CHANNELS} channels (4 axes, NHWC or NCHW) "
+        "read in the reverse channel order, RGB <-> BGR",
+        channels_swapped,
     ),
 )
 BY_NAME = {mutation.name: mutation for mutation in MUTATIONS}

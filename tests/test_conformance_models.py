@@ -37,7 +37,11 @@ def _sample(module):
 
 
 def _outputs(model, inputs) -> list[np.ndarray]:
-    return [keras.ops.convert_to_numpy(x) for x in keras.tree.flatten(model(inputs))]
+    # In inference mode, as the export traces it: Keras 3's random
+    # augmentation layers (`RandomFlip`, ... in the ViT example's model)
+    # default to `training=True` when the model is called without it.
+    outputs = model(inputs, training=False)
+    return [keras.ops.convert_to_numpy(x) for x in keras.tree.flatten(outputs)]
 
 
 @pytest.mark.parametrize("name", list(conformance.MODELS))

@@ -137,9 +137,12 @@ def test_structured_images_are_a_gradient_edges_and_a_constant():
     )
     batch = images.draw(info, 3, (8, 12), np.random.default_rng(0), structured=True)
     assert batch.shape == (3, 8, 12, 3)
-    np.testing.assert_allclose(batch[0, 3, :, 1], np.linspace(-1, 1, 12), rtol=1e-6)
-    assert set(np.unique(batch[1])) == {-1.0, 1.0} and batch[1, 0, 0, 0] != batch[1, 0, 4, 0]
-    assert np.all(batch[2] == 0.5)
+    np.testing.assert_allclose(batch[0, 3, :, 0], np.linspace(-1, 1, 12), rtol=1e-6)
+    assert set(np.unique(batch[1, ..., 0])) == {-1.0, 1.0}
+    assert batch[1, 0, 0, 0] != batch[1, 0, 4, 0]
+    assert np.all(batch[2, ..., 0] == 0.5)
+    # Each channel weighted apart (1, 0.25, -0.5): a swap of channels shows.
+    np.testing.assert_allclose(batch[2, 0, 0], [0.5, 0.125, -0.25])
     nchw = loading.TensorInfo(
         "x",
         (None, 3, None, None),
@@ -277,3 +280,19 @@ def test_a_task_without_a_converter_or_tokenizer_is_refused_naming_both(tmp_path
     _resnet().save(path)
     assert main([str(path), "-o", str(tmp_path / "b.onnx"), "--with-preprocessor"]) == EXIT_USAGE
     assert "no preprocessor with a tokenizer or an image converter" in capsys.readouterr().err
+
+
+def test_images_a_model_rescales_from_pixels_are_drawn_as_pixels(tmp_path):
+    """keras.io's "image classification from scratch" divides by 255 first:
+    N(0, 1) images reached it as near-constant ones (a channel swap passed
+    validation). Images read through Rescaling(1/255) are drawn over 0..255."""
+    pixels = keras.Input(shape=(None, None, 3))
+    hidden = keras.layers.Rescaling(1.0 / 255)(pixels)
+    hidden = keras.layers.Conv2D(4, 3)(hidden)
+    model = keras.Model(pixels, keras.layers.GlobalAveragePooling2D()(hidden))
+    (info,) = loading.load(model).inputs
+    assert info.value_range == (0, 255) and "pixel values 0..255" in info.role_reason
+    drawn = images.draw(info, 2, 8, np.random.default_rng(0))
+    assert drawn.min() >= 0 and drawn.max() > 200
+    structured = images.draw(info, 3, 8, np.random.default_rng(0), structured=True)
+    assert structured.min() >= 0 and structured.max() <= 255

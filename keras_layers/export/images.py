@@ -12,7 +12,9 @@ patching `Conv2D`). That layer's `data_format` gives the layout: NHWC
 `height`, `width` and the channel count; a free channel axis is fed the
 channels the first convolution's kernel takes.
 
-Decoded `uint8` images are drawn over 0..255. Images are drawn at square
+Images that the model reads as pixels, 0..255 (decoded `uint8`, or float
+images that a `Rescaling(1/255)` or a `Normalization` fitted on pixels reads
+first), are drawn over 0..255; others as N(0, 1). Images are drawn at square
 sides: the smallest the model accepts (`validating.image_sides`: Keras runs
 it and every output is finite and non-empty; a DenseNet's pooling of a 1x1
 image is empty), then sizes near
@@ -92,16 +94,18 @@ def _operations_reading(model, tensor) -> list:
     return found
 
 
-def spatial_reader(model, tensor, depth: int = 0):
+def spatial_reader(model, tensor, depth: int = 0, passed=()):
     """The Keras 2-D layer that first reads `tensor`, at any depth.
 
     Args:
         model: a functional Keras model.
         tensor: one of its symbolic inputs (or a tensor inside it).
         depth: how many element-wise layers and nested models were passed.
+        passed: the element-wise layers passed on the way.
 
     Returns:
-        `(layer, data_format)`, or `None` when no 2-D layer reads it first.
+        `(layer, data_format, passed)`, or `None` when no 2-D layer reads it
+        first.
     """
     import keras
 
@@ -110,23 +114,39 @@ def spatial_reader(model, tensor, depth: int = 0):
     for layer, _argument in [*consumers(model, tensor), *_operations_reading(model, tensor)]:
         data_format = _layer_format(layer)
         if data_format:
-            return layer, data_format
+            return layer, data_format, passed
         if isinstance(layer, keras.Model) and getattr(layer, "inputs", None):
             for inner in keras.tree.flatten(layer.inputs):
                 if len(inner.shape) == 4:
-                    found = spatial_reader(layer, inner, depth + 1)
+                    found = spatial_reader(layer, inner, depth + 1, passed)
                     if found:
                         return found
             continue
         inner = _inner_spatial(layer)
         if inner is not None:
-            return inner, _layer_format(inner)
+            return inner, _layer_format(inner), passed
         if type(layer).__name__ in _ELEMENT_WISE or "cast" in type(layer).__name__.lower():
             for output in _outputs_of(layer, tensor):
                 if tuple(output.shape)[1:] == tuple(tensor.shape)[1:]:
-                    found = spatial_reader(model, output, depth + 1)
+                    found = spatial_reader(model, output, depth + 1, (*passed, layer))
                     if found:
                         return found
+    return None
+
+
+def _pixel_layer(passed) -> str | None:
+    """The layer, among those passed before the first spatial one, that
+    takes pixels of 0..255: a `Rescaling` by 1/64 or less (1/255, 1/127.5),
+    or a `Normalization` whose means are pixel values (above 2)."""
+    for layer in passed:
+        kind = type(layer).__name__
+        if kind == "Rescaling":
+            scales = np.abs(np.atleast_1d(np.asarray(layer.scale, dtype=float)))
+            if scales.size and scales.max() <= 1 / 64:
+                return f"{kind} {layer.name!r} (scale {scales.max():.3g})"
+        if kind == "Normalization" and getattr(layer, "mean", None) is not None:
+            if float(np.max(np.abs(np.asarray(layer.mean)))) > 2:
+                return f"{kind} {layer.name!r} (means of pixel values)"
     return None
 
 
@@ -157,7 +177,8 @@ def describe(model, name: str, shape: tuple, dtype: str, tensor) -> dict | None:
     found = spatial_reader(model, tensor)
     if found is None:
         return None
-    layer, data_format = found
+    layer, data_format, passed = found
+    pixels = _pixel_layer(passed)
     last = data_format == "channels_last"
     channel_axis = 3 if last else 1
     channels = shape[channel_axis] or _in_channels(layer) or 3
@@ -167,15 +188,18 @@ def describe(model, name: str, shape: tuple, dtype: str, tensor) -> dict | None:
     for axis, axis_name in zip(spatial, ("height", "width"), strict=True):
         axes[axis] = shape[axis] if shape[axis] is not None else axis_name
     layout = "NHWC" if last else "NCHW"
+    kind = type(layer).__name__
+    reason = f"read by {kind} {layer.name!r}: {layout} images of {channels} channels"
+    if pixels or dtype == "uint8":
+        reason += f"; pixel values 0..255 ({pixels or 'uint8'})"
     return {
         "role": ROLE,
         "axes": tuple(axes),
         "sequence": "height",
         "layout": layout,
         "role_source": "wiring",
-        "role_reason": (
-            f"read by {type(layer).__name__} {layer.name!r}: {layout} images of {channels} channels"
-        ),
+        "role_reason": reason,
+        "value_range": (0, 255) if pixels or dtype == "uint8" else None,
     }
 
 
@@ -254,17 +278,20 @@ def draw(info, batch: int, size, rng, structured: bool = False) -> np.ndarray:
         size: the side of its free spatial axes, or `(height, width)`.
         rng: a `numpy.random.Generator`.
         structured: a horizontal gradient, a checkerboard of 4-pixel squares
-            of -1 and 1, and a constant 0.5 image, repeated to `batch`;
-            otherwise N(0, 1) noise.
+            of -1 and 1, and a constant 0.5 image, repeated to `batch`, each
+            channel weighted apart (1 down to -0.5); otherwise N(0, 1)
+            noise. Over 0..255 where the model takes pixels
+            (`value_range`: a uint8 input, a `Rescaling` by 1/255 or a
+            `Normalization` of pixel means first).
 
     Returns:
         The batch, of the input's dtype.
     """
     shape = dims(info, batch, size)
-    decoded = info.dtype == "uint8"  # decoded pixels, for an image converter in the graph
+    pixels = info.value_range is not None  # 0..255, what the model's first layers expect
     if not structured:
-        if decoded:
-            return rng.integers(0, 256, shape, dtype=np.uint8)
+        if pixels:
+            return rng.integers(0, 256, shape).astype(info.dtype)
         return rng.standard_normal(shape).astype(info.dtype)
     nhwc = layout(info) == "NHWC"
     height, width = (shape[1], shape[2]) if nhwc else (shape[2], shape[3])
@@ -276,10 +303,12 @@ def draw(info, batch: int, size, rng, structured: bool = False) -> np.ndarray:
     ]
     images = np.stack([planes[index % len(planes)] for index in range(batch)])
     channels = shape[3] if nhwc else shape[1]
-    images = np.repeat(images[..., None], channels, axis=-1)
+    # Each channel its own share of the plane, so that a swap of channels shows.
+    weights = np.linspace(1.0, -0.5, channels) if channels > 1 else np.ones(1)
+    images = images[..., None] * weights
     if not nhwc:
         images = images.transpose(0, 3, 1, 2)
-    if decoded:  # -1..1 onto 0..255
+    if pixels:  # -1..1 onto 0..255
         images = np.rint((images + 1.0) * 127.5)
     return np.ascontiguousarray(images).astype(info.dtype)
 

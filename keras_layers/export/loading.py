@@ -128,6 +128,8 @@ class TensorInfo:
     widths: tuple = ()
     # An image's layout, `NHWC` or `NCHW` (`images.describe`); `None` otherwise.
     layout: str | None = None
+    # The values the model expects, when read from it (images of pixels: (0, 255)).
+    value_range: tuple | None = None
 
     @property
     def is_padding_mask(self) -> bool:

@@ -23,7 +23,7 @@ from types import ModuleType
 import keras
 
 # In the order a reader meets the shapes: encoders, encoder-decoders, a
-# decoder, recurrent and convolutional models.
+# decoder, recurrent and convolutional models, then models of images.
 _NAMES = (
     "text_classification_transformer",
     "timeseries_classification_transformer",
@@ -37,6 +37,9 @@ _NAMES = (
     "ner_transformer",
     "masked_language_modeling_bert",
     "weather_forecasting_lstm",
+    "mnist_convnet",
+    "image_classification_from_scratch",
+    "vision_transformer",
 )
 
 
