@@ -333,6 +333,7 @@ def test_layer_norms_and_dense_layers_are_folded(encoder_export):
         "BiasGelu": 0,
         "FastGelu": 0,
         "QuickGelu": 0,
+        "Conv": 0,  # no convolution: no BatchNorm folded into one
     }
     assert ops.count("MultiHeadAttention") == 2 and "Softmax" not in ops
     assert report["graph"]["nodes_final"] < report["graph"]["nodes_converted"]

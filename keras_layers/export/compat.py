@@ -201,6 +201,26 @@ INTERNALS = (
         "loading and inputs: every layer of a model, nested ones included",
         swapped=False,
     ),
+    # Called or overridden by a subclass of ours, never replaced.
+    *(
+        Internal(
+            "tf2onnx.optimizer.transpose_optimizer",
+            f"TransposeOptimizer.{name}",
+            "tf2onnx 1.16-1.17",
+            "conv_layout._layout_optimizer: tf2onnx's TransposeOptimizer with handlers of ours",
+            swapped=False,
+        )
+        for name in (
+            "_initialize_handlers",
+            "_simple_through_handler",
+            "_handle_node_having_branches",
+            "_mul_handler",
+            "_reduce_handler",
+            "_reducesum_handler",
+            "_switch_transpose_and_node",
+            "_output_node_has_single_consumer_node",
+        )
+    ),
 )
 
 

@@ -4,10 +4,12 @@
 with one `run(proto, context) -> PassResult`, each with the condition it
 runs under: a decoder's stacked caches folded first (`stacks`); onnxslim
 (the weights in a data file hidden from it) and the views of the weights
-folded; ONNX shape inference; the fusions (`passes.fusions`); the input axes named,
-the shapes they prove equal shared; repeated weights stored once
-(`initializers`); and, last, the canonical form (`canonical`): the same model
-gives the same bytes on every run. `slim` builds the `Context` from the
+folded; ONNX shape inference; the fusions (`passes.fusions`), the input
+axes named among them; a convolutional model's Transposes moved to its edges
+and its BatchNorms folded into its Convs (`conv_layout`); the shapes the axes
+prove equal shared; repeated weights stored once (`initializers`); and, last,
+the canonical form (`canonical`): the same model gives the same bytes on every
+run. `slim` builds the `Context` from the
 model's inputs, runs the list, and builds its report from the passes'
 results.
 """
@@ -22,6 +24,7 @@ from keras_layers.export.passes import (
     axis_names,
     canonical,
     common_subexpressions,
+    conv_layout,
     dead_nodes,
     initializers,
     onnxslim_pass,
@@ -117,6 +120,9 @@ PASSES = (
     # A decoder's cached attention, which multi_head_attention leaves alone:
     # after the rotary rule, whose symbolic dims stop at a contrib op.
     Step(group_query_attention, _with_onnxslim),
+    # After every fusion, each matching the graph tf2onnx wrote (a ViT's patch
+    # embedding is a Conv, a speech model's stem too): it moves Transposes.
+    Step(conv_layout, _with_onnxslim),
     # Last of the rewrites: the fusions match `Shape`s of the very tensors they reshape.
     Step(share_shapes),
     Step(common_subexpressions, _with_copies),  # the copies the sharing made identical
@@ -166,7 +172,8 @@ def _context(proto, inputs, outputs, run_onnxslim, model_name, data_folder, stor
 
 def _fused_ops() -> list:
     """Every op a fusion of `PASSES` makes: those of our rules (a `RULE`) in
-    pass order, then those of ONNX Runtime's fusions (`gelu`)."""
+    pass order, then those of the other passes that report one (ONNX
+    Runtime's fusions in `gelu`, the Convs `conv_layout` folds into)."""
     fusions = [step.pass_ for step in PASSES if hasattr(step.pass_, "MAKES")]
     ours = [fusion for fusion in fusions if hasattr(fusion, "RULE")]
     theirs = [fusion for fusion in fusions if not hasattr(fusion, "RULE")]

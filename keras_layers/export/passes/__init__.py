@@ -16,6 +16,8 @@ and why, what it changed, and what the passes after it may know. They import
 - `fusions`: one rule per fused op (`fusions.pattern`);
 - `dead_nodes`: what no output reads dropped;
 - `axis_names`: the graph's dynamic axes named after the model's;
+- `conv_layout`: a convolutional model's Transposes moved to its edges
+  (tf2onnx's TransposeOptimizer) and its BatchNorms folded into its Convs;
 - `share_shapes`: one `Shape` for tensors proven to share their dims;
 - `common_subexpressions`: nodes computing what an earlier one computes merged;
 - `initializers`: repeated and transposed weights stored once;
