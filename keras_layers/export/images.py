@@ -94,6 +94,30 @@ def _operations_reading(model, tensor) -> list:
     return found
 
 
+def element_wise_readers(model, tensor, depth: int = 0) -> list:
+    """The layers that read `tensor` first, through element-wise layers
+    (`Rescaling`, a cast, ...), which are passed, not listed.
+
+    Args:
+        model: a functional Keras model.
+        tensor: one of its symbolic tensors.
+        depth: how many element-wise layers were passed.
+
+    Returns:
+        The layers, in the model's order.
+    """
+    found = []
+    for layer, _argument in [*consumers(model, tensor), *_operations_reading(model, tensor)]:
+        if depth < 6 and (
+            type(layer).__name__ in _ELEMENT_WISE or "cast" in type(layer).__name__.lower()
+        ):
+            for output in _outputs_of(layer, tensor):
+                found += element_wise_readers(model, output, depth + 1)
+        else:
+            found.append(layer)
+    return found
+
+
 def spatial_reader(model, tensor, depth: int = 0, passed=()):
     """The Keras 2-D layer that first reads `tensor`, at any depth.
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import keras_layers
-from keras_layers.export import compat, images, lean_loading
+from keras_layers.export import audio, compat, images, lean_loading
 from keras_layers.export import inputs as inputs_module
 from keras_layers.export.errors import ModelLoadError, UsageError, argument, fix
 
@@ -179,6 +179,9 @@ class LoadedModel:
     # The sides of the default grid's images (`validating.image_sides`): the
     # smallest the model takes first; empty for a model without images.
     image_sides: tuple = ()
+    # The fewest samples a waveform input takes (`validating.fewest_samples`);
+    # the grid's lengths are multiples of it. 0 for a model without audio.
+    min_samples: int = 0
     # The model's call as one TensorFlow graph (`validating.keras_outputs`),
     # made on first use for a big model; it holds the model too.
     graph_call: object = field(default=None, repr=False, compare=False)
@@ -1049,6 +1052,19 @@ def _symbolic_input(shape, embeds: bool, name: str):
     return keras.Input(batch_shape=tuple(shape), dtype="int32" if ids else "float32", name=name)
 
 
+# The probe's waveform length: long enough for the strided convolutions of
+# speech models (Moonshine takes 384 samples at least).
+_PROBE_SAMPLES = 4096
+
+
+def _probe_size(info) -> tuple:
+    """Every size after the batch that the role probe feeds an image (a side
+    of 32) or a waveform (`_PROBE_SAMPLES`)."""
+    if audio.is_audio(info):
+        return (_PROBE_SAMPLES, *info.shape[2:])
+    return tuple(images.dims(info, 1, 32)[1:])
+
+
 def _describe(model, sizes=()):
     """The model's inputs (with their roles), outputs, structures, position
     tables and notes; `sizes` are the caller's `(batch, length)` grid points,
@@ -1075,10 +1091,12 @@ def _describe(model, sizes=()):
         name: found
         for (name, shape, dtype), (_, tensor) in zip(specs, named, strict=True)
         if (found := images.describe(model, name, shape, dtype, tensor))
+        or (found := audio.describe(model, name, shape, dtype, tensor))
     }
-    # The probes draw images at one square side; the grid finds the sizes later.
+    # The probes draw images at one square side and waveforms at one length;
+    # the grid finds the sizes the model takes later.
     probe_sides = {
-        name: tuple(images.dims(TensorInfo(name, shape, dtype, **pictures[name]), 1, 32)[1:])
+        name: _probe_size(TensorInfo(name, shape, dtype, **pictures[name]))
         for name, shape, dtype in specs
         if name in pictures
     }
@@ -1113,6 +1131,7 @@ def _describe(model, sizes=()):
         inputs.append(
             TensorInfo(name=name, shape=tuple(tensor.shape), dtype=dtype, widths=fed, **role)
         )
+    inputs = audio.with_masks(inputs)
     if structure != "dict":  # the names are the file's own: say what each input is
         inputs = inputs_module.named_by_role(inputs)
     outputs = [

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from keras_layers.export import images
+from keras_layers.export import audio, images
 from keras_layers.export.errors import UsageError, argument, fix, one_line
 from keras_layers.export.loading import LoadedModel, flatten
 
@@ -315,6 +315,9 @@ def _sequence_lengths(loaded: LoadedModel, length: int) -> dict:
         if images.is_image(info):  # its free sides are the grid's size
             sides.update({axis: length for axis in images.free_axes(info)})
             continue
+        if audio.is_audio(info):  # multiples of the fewest samples it takes
+            sides[audio.AXIS] = samples_at(loaded, length)
+            continue
         if info.sequence in lengths or info.role == "positions":
             continue
         own = length if not lengths else max(1, length - len(lengths) * max(1, length // 3))
@@ -366,6 +369,9 @@ def make_inputs(loaded: LoadedModel, shape, rng, lengths: dict | None = None) ->
             size = (lengths.get("height", length), lengths.get("width", length))
             feeds[info.name] = images.draw(info, batch, size, rng, shape == images.STRUCTURED)
             continue
+        if audio.is_audio(info):
+            feeds[info.name] = audio.draw(info, batch, lengths[audio.AXIS], rng)
+            continue
         mask = valid.get(info.sequence, next(iter(valid.values()), np.ones((batch, 1), bool)))
         full = mask.shape[1]
         if info.role == "positions":
@@ -393,6 +399,20 @@ def make_inputs(loaded: LoadedModel, shape, rng, lengths: dict | None = None) ->
                     value = np.where(mask.reshape(mask.shape + (1,) * (len(dims) - 2)), value, 0)
         feeds[info.name] = np.asarray(value).astype(info.dtype)
     return feeds
+
+
+def samples_at(loaded: LoadedModel, length: int) -> int:
+    """A waveform's samples at a grid point of `length`: the fewest the model
+    takes, times 1 up to length 15, 8 at 64, 32 at 256 (`audio.MULTIPLES`).
+
+    Args:
+        loaded: the loaded model (`min_samples`).
+        length: the grid point's length.
+
+    Returns:
+        The samples.
+    """
+    return max(loaded.min_samples, 1) * max(1, length // 8)
 
 
 def _structured_side(loaded: LoadedModel) -> int:
@@ -482,6 +502,41 @@ def image_sides(loaded: LoadedModel) -> tuple:
     return tuple(sorted(sides))
 
 
+def fewest_samples(loaded: LoadedModel) -> int:
+    """The fewest samples the model's waveform input takes: Keras runs it
+    (every other sequence at its shortest) and every output is non-empty and
+    finite; 0 for a model without audio.
+
+    Args:
+        loaded: the loaded model, its inputs' roles read.
+
+    Returns:
+        The samples.
+
+    Raises:
+        UsageError: the model takes no waveform up to `audio.BOUND` samples.
+    """
+    waves = [info for info in loaded.inputs if audio.is_audio(info)]
+    if not waves:
+        return 0
+    others = _sequence_lengths(replace(loaded, min_samples=1), loaded.min_length)
+
+    def accepts(samples: int) -> bool:
+        outputs = _keras_at(loaded, {**others, audio.AXIS: samples})
+        return outputs is not None and all(
+            value.size and np.isfinite(value).all() for value in outputs.values()
+        )
+
+    fewest = smallest_accepted(accepts, audio.BOUND)
+    if fewest is None:
+        raise UsageError(
+            f"the model takes no waveform {waves[0].name!r} of 1 to {audio.BOUND} samples "
+            "(Keras fails, or gives an empty or non-finite output, at every length); check "
+            "that it runs in Keras on audio"
+        )
+    return fewest
+
+
 def shortest_length(loaded: LoadedModel) -> int:
     """The shortest sequence Keras runs the model on, searched before any
     conversion (lengths 1, 2, 4, ..., then halving the last gap), so that a
@@ -500,14 +555,16 @@ def shortest_length(loaded: LoadedModel) -> int:
     axes = {
         info.sequence
         for info in loaded.inputs
-        if info.role != "positions" and not images.is_image(info)
-    }
+        if info.role != "positions" and not images.is_image(info) and not audio.is_audio(info)
+    } - {audio.AXIS}
     if not axes or any(_fixed_length(loaded, axis) is not None for axis in axes):
         return 1
     bound = loaded.max_length or max(DEFAULT_LENGTHS)
 
+    waves = {audio.AXIS: 1 << 14} if any(audio.is_audio(i) for i in loaded.inputs) else {}
+
     def runs(length: int) -> bool:
-        return _output_shapes(loaded, dict.fromkeys(axes, length)) is not None
+        return _output_shapes(loaded, {**dict.fromkeys(axes, length), **waves}) is not None
 
     return smallest_accepted(runs, bound) or 1
 
@@ -617,6 +674,8 @@ def name_output_axes(loaded: LoadedModel) -> list:
     shortest = loaded.min_length
     base = {axis: min(shortest + 4 + 2 * index, bound) for index, axis in enumerate(axes)}
     longer = {axis: min(base[axis] + 3, bound) for axis in axes}
+    if audio.AXIS in base:  # multiples of the fewest samples, as the grid feeds them
+        base[audio.AXIS], longer[audio.AXIS] = samples_at(loaded, 64), samples_at(loaded, 72)
     sides = loaded.image_sides
     spatial = [a for i in loaded.inputs if images.is_image(i) for a in images.free_axes(i)]
     for axis in dict.fromkeys(spatial):
@@ -654,7 +713,8 @@ def shape_label(shape) -> str:
 
 def point_label(loaded: LoadedModel, shape) -> str:
     """A grid point as the model's own shape where it takes one image
-    (`2x224x224x3`, `structured 3x96x96x3`), else `shape_label`'s `BxS`.
+    (`2x224x224x3`, `structured 3x96x96x3`), with its samples where it takes
+    a waveform (`2x64, 3072 samples`), else `shape_label`'s `BxS`.
 
     Args:
         loaded: the loaded model.
@@ -664,6 +724,8 @@ def point_label(loaded: LoadedModel, shape) -> str:
         The label.
     """
     pictures = [info for info in loaded.inputs if images.is_image(info)]
+    if any(audio.is_audio(info) for info in loaded.inputs) and not isinstance(shape, str):
+        return f"{shape_label(shape)}, {samples_at(loaded, shape[1])} samples"
     if len(pictures) != 1:
         return shape_label(shape)
     if shape == images.STRUCTURED:

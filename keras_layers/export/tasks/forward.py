@@ -49,8 +49,9 @@ class Forward:
         """The model's own inputs, independent sequences on axes of their own
         (`validating.split_sequence_axes`), and its outputs, each axis named
         after the input axis it follows (`validating.name_output_axes`).
-        Sets `loaded.image_sides` (`validating.image_sides`) and
-        `loaded.min_length` (`validating.shortest_length`) first, which the
+        Sets `loaded.image_sides` (`validating.image_sides`),
+        `loaded.min_length` (`validating.shortest_length`) and
+        `loaded.min_samples` (`validating.fewest_samples`) first, which the
         runs behind both, and the grid, start from.
 
         Args:
@@ -61,6 +62,7 @@ class Forward:
         """
         loaded.image_sides = validating.image_sides(loaded)
         loaded.min_length = validating.shortest_length(loaded)
+        loaded.min_samples = validating.fewest_samples(loaded)
         inputs = validating.split_sequence_axes(loaded)
         return inputs, validating.name_output_axes(replace(loaded, inputs=inputs))
 
