@@ -296,3 +296,23 @@ def test_images_a_model_rescales_from_pixels_are_drawn_as_pixels(tmp_path):
     assert drawn.min() >= 0 and drawn.max() > 200
     structured = images.draw(info, 3, 8, np.random.default_rng(0), structured=True)
     assert structured.min() >= 0 and structured.max() <= 255
+
+
+def test_a_grouped_conv_converts_to_onnxs_grouped_conv(tmp_path):
+    """Keras runs a grouped Conv2D (keras.io's ConvMixer writes one) through an
+    XLA-compiled function on TensorFlow; tf2onnx stopped at its
+    PartitionedCall. It is traced as TensorFlow's Conv2D and becomes one
+    `Conv` with `group`, validated against Keras (which still runs it with XLA)."""
+    keras.utils.set_random_seed(0)
+    pixels = keras.Input(shape=(None, None, 8))
+    hidden = keras.layers.Conv2D(8, 3, groups=4, padding="same")(pixels)
+    hidden = keras.layers.Conv2D(6, 3, groups=2)(hidden)
+    model = keras.Model(pixels, keras.layers.GlobalAveragePooling2D()(hidden))
+    report = export_model(model, tmp_path / "grouped.onnx")
+    assert report["passed"]
+    groups = [
+        next((a.i for a in node.attribute if a.name == "group"), 1)
+        for node in onnx.load(str(tmp_path / "grouped.onnx")).graph.node
+        if node.op_type == "Conv"
+    ]
+    assert groups == [4, 2]

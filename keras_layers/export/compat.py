@@ -95,6 +95,19 @@ INTERNALS = (
         "tracing._attention_for_onnx: attention as one MatMul/Softmax/MatMul chain",
     ),
     Internal(
+        "keras.src.backend.tensorflow.nn",
+        "conv",
+        _KERAS,
+        "tracing._grouped_convs_without_xla: a grouped convolution traced as Conv2D, not XLA",
+    ),
+    Internal(
+        "keras.src.backend.tensorflow.nn",
+        "_convert_data_format",
+        _KERAS,
+        "tracing._grouped_convs_without_xla: Keras' data format as TensorFlow names it",
+        swapped=False,
+    ),
+    Internal(
         "keras.src.backend.tensorflow.numpy",
         "einsum",
         _KERAS,

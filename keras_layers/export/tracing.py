@@ -149,6 +149,51 @@ def _einsums_for_onnx():
         yield
 
 
+@contextmanager
+def _grouped_convs_without_xla():
+    """Trace a grouped convolution as TensorFlow's own `Conv2D` op.
+
+    Keras' TensorFlow backend runs a convolution whose input has more
+    channels than its kernel takes (groups: keras.io's ConvMixer, a
+    `Conv2D(groups=...)`) inside a `tf.function(jit_compile=True)`, because
+    TensorFlow's CPU kernels do not run grouped convolutions; the trace then
+    holds a `PartitionedCall` that tf2onnx cannot convert. The graph needs no
+    kernel: traced here as the plain `tf.nn.convolution` (TensorFlow infers
+    the groups from the kernel), it converts to ONNX's `Conv` with `group`,
+    and the validation runs the file against Keras like any other. Other
+    convolutions keep Keras' code.
+    """
+    try:
+        from keras.src.backend.tensorflow import nn
+    except ImportError:
+        yield
+        return
+    original = compat.original(nn, "conv", None)
+    convert = getattr(nn, "_convert_data_format", None)
+    if original is None or convert is None:
+        yield
+        return
+    import keras
+    import tensorflow as tf
+
+    def conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
+        data_format = (data_format or keras.config.image_data_format()).lower()
+        channels = inputs.shape[-1] if data_format == "channels_last" else inputs.shape[1]
+        if channels == kernel.shape[-2] or len(inputs.shape) == 5:
+            return original(inputs, kernel, strides, padding, data_format, dilation_rate)
+        return tf.nn.convolution(
+            inputs,
+            kernel,
+            strides,
+            padding.upper(),
+            data_format=convert(data_format, len(inputs.shape)),
+            dilations=dilation_rate,
+        )
+
+    with patched(nn, "conv", conv):
+        yield
+
+
 def _is_python_control_flow(error: Exception) -> bool:
     """TensorFlow's ways of saying that Python code asked a symbolic tensor for
     its value (`if tensor:`, `range(tensor)`), which only eager execution has."""
@@ -241,7 +286,7 @@ def trace_call(loaded: LoadedModel, call, specs: list, output_names: list) -> Tr
 
     function = tf.function(serve, input_signature=signature, autograph=False)
     try:
-        with _attention_as_batched_matmuls(), _einsums_for_onnx():
+        with _attention_as_batched_matmuls(), _einsums_for_onnx(), _grouped_convs_without_xla():
             function.get_concrete_function(*signature)  # traced now, reused by convert
     except Exception as error:
         _raise_if_keras_itself_fails(loaded)
