@@ -302,7 +302,7 @@ def test_a_failed_export_places_nothing(bert, tmp_path, monkeypatch):
 
 def test_a_task_without_a_preprocessor_is_refused(bert):
     bare = SimpleNamespace(preprocessor=None)
-    with pytest.raises(UsageError, match="no text preprocessor"):
+    with pytest.raises(UsageError, match="no preprocessor with a tokenizer or an image converter"):
         export_text_model(bare, "never.onnx")
 
 
