@@ -185,6 +185,22 @@ def test_probabilities_over_many_classes_are_compared_as_log_probabilities():
     assert validating.compare("2x5", "probabilities", rounding, expected, 1e-4, 1e-3).passed
 
 
+def test_an_output_at_an_offset_is_held_to_its_spread_not_its_offset():
+    """keras.io's image classifier from scratch: one sigmoid unit of random
+    weights, 0.5 +- 0.001. A weight 1% off moved it by 2.6e-5, which an atol
+    scaled by the RMS (0.5) let through (bound 5.5e-5); scaled by the spread
+    it fails, while rounding in proportion to the values still passes."""
+    rng = np.random.default_rng(2)
+    expected = (0.5 + 1e-3 * rng.standard_normal((8, 1))).astype("float32")
+    moved = expected + np.float32(2.6e-5)
+    check = validating.compare("8x1", "sigmoid", moved, expected, 1e-4, 1e-5)
+    assert not check.passed and check.scale == pytest.approx(1e-3, rel=0.3)
+    rounding = (expected * (1 + 1e-7 * rng.standard_normal(expected.shape))).astype("float32")
+    assert validating.compare("8x1", "sigmoid", rounding, expected, 1e-4, 1e-5).passed
+    constant = np.full((4, 3), 2.0, "float32")  # no spread: rtol still covers rounding
+    assert validating.compare("4x3", "c", constant * (1 + 1e-6), constant, 1e-4, 1e-5).passed
+
+
 def test_the_absolute_tolerance_follows_each_outputs_scale():
     rng = np.random.default_rng(1)
     small = (1e-3 * rng.standard_normal((2, 7, 16))).astype("float32")

@@ -203,7 +203,8 @@ def _add_checks(p: argparse.ArgumentParser) -> None:
         "--atol",
         type=_tolerance,
         default=DEFAULT_ATOL,
-        help=f"absolute tolerance, times each output's RMS (default {DEFAULT_ATOL:g})",
+        help=f"absolute tolerance, times each output's spread (its standard deviation; "
+        f"default {DEFAULT_ATOL:g})",
     )
     p.add_argument(
         "--rtol",
