@@ -335,3 +335,16 @@ def test_a_grid_the_model_cannot_take_fails_before_converting(tmp_path):
             progress=lambda event: stages.append(event.stage),
         )
     assert "convert" not in stages
+
+
+def test_default_lengths_keras_itself_fails_on_are_left_out_and_said(tmp_path):
+    """keras-hub's SigLIP text encoder adds its whole position table: it runs
+    at the table's 32 tokens (and at 1, by broadcasting) only. Before, the
+    default grid's 1x7 failed in Keras itself (exit 2); now 7 is left out and
+    the report says so."""
+    import zoo_models
+
+    report = export_model(zoo_models.build("SigLIPTextEncoder"), tmp_path / "siglip.onnx")
+    assert report["passed"]
+    assert {check["shape"].split("x")[1] for check in report["checks"]} == {"1", "32"}
+    assert any("leaves out length 7: Keras itself fails there" in w for w in report["warnings"])

@@ -192,12 +192,6 @@ UNSUPPORTED: dict[str, str] = {
         "UsageError (exit 2): a speculative-decoding drafter; Keras itself refuses to call it "
         "without its target model (NotImplementedError), so there is no standalone graph"
     ),
-    "SigLIPTextEncoder": (
-        "UsageError (exit 2): it adds its whole position table, so it accepts exactly "
-        "max_sequence_length tokens while its input declares any length; the default grid's "
-        "shorter rows fail in Keras itself. shapes=[(1, 32), (2, 32), (8, 32)] exports and "
-        "validates"
-    ),
 }
 
 

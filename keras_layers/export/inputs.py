@@ -234,7 +234,8 @@ def probe(model, inputs, structure: str, max_length=None, sizes=(), widths=None)
     padding mask or vocabulary); a layer whose first argument equals an input's
     pattern (after a cast) reads that input, however deep it sits. The probe
     runs at batch 2 and `PROBE_LENGTH` tokens, then, if the model fails
-    there (a model that runs at one batch size only), at each of `sizes`.
+    there, at the position tables' length (a model that adds its whole table)
+    and at each of `sizes` (a model that runs at one batch size only).
 
     Args:
         model: the Keras model.
@@ -271,7 +272,10 @@ def probe(model, inputs, structure: str, max_length=None, sizes=(), widths=None)
     for layer in layers:
         object.__setattr__(layer, "call", recording(layer))
     try:
-        for size in dict.fromkeys([(2, length), *(tuple(s) for s in sizes)]):
+        # At the position tables' length too: a model that adds its whole
+        # table (keras-hub's SigLIP text encoder) runs there only.
+        bounded = [(2, max_length)] if max_length and max_length <= 4 * PROBE_LENGTH else []
+        for size in dict.fromkeys([(2, length), *bounded, *(tuple(s) for s in sizes)]):
             feeds = {
                 name: _probe_value(shape, dtype, seed, size, (widths or {}).get(name, ()))
                 for seed, (name, shape, dtype) in enumerate(inputs)

@@ -182,6 +182,8 @@ class LoadedModel:
     # The fewest samples a waveform input takes (`validating.fewest_samples`);
     # the grid's lengths are multiples of it. 0 for a model without audio.
     min_samples: int = 0
+    # Default lengths Keras itself fails on (`validating.refused_lengths`).
+    refused_lengths: tuple = ()
     # The model's call as one TensorFlow graph (`validating.keras_outputs`),
     # made on first use for a big model; it holds the model too.
     graph_call: object = field(default=None, repr=False, compare=False)

@@ -195,15 +195,61 @@ def default_shapes(loaded: LoadedModel, int8: bool = False) -> list:
     if fixed:
         lengths = (fixed[0],)
     else:
-        bound = loaded.max_length or max(DEFAULT_LENGTHS)
-        shortest = min(loaded.min_length, bound)
-        lengths = tuple(sorted({max(min(length, bound), shortest) for length in DEFAULT_LENGTHS}))
+        lengths = tuple(n for n in _default_lengths(loaded) if n not in loaded.refused_lengths)
     shapes = [(batch, length) for batch in DEFAULT_BATCHES for length in lengths]
     if int8:
         shapes += int8_rows(loaded, shapes, lengths)
     if takes_padding(loaded):
         shapes.append(PADDED)
     return shapes
+
+
+def _default_lengths(loaded: LoadedModel) -> tuple:
+    """`DEFAULT_LENGTHS` within the model's bound, from its shortest."""
+    bound = loaded.max_length or max(DEFAULT_LENGTHS)
+    shortest = min(loaded.min_length, bound)
+    return tuple(sorted({max(min(length, bound), shortest) for length in DEFAULT_LENGTHS}))
+
+
+def refused_lengths(loaded: LoadedModel) -> tuple:
+    """The default grid's lengths, past the shortest, that Keras itself
+    fails on: keras-hub's SigLIP text encoder adds its whole position table,
+    so it runs at its table's length (and at 1, by broadcasting) only.
+
+    Args:
+        loaded: the loaded model, `min_length` set.
+
+    Returns:
+        The lengths to leave out of the default grid (each said in the
+        report's warnings by `refused_note`).
+    """
+    fixed = [i.shape[1] for i in loaded.inputs if len(i.shape) > 1 and not images.is_image(i)]
+    if loaded.image_sides or any(size is not None for size in fixed):
+        return ()
+    axes = {
+        info.sequence
+        for info in loaded.inputs
+        if info.role != "positions" and not images.is_image(info) and not audio.is_audio(info)
+    }
+    waves = {audio.AXIS: samples_at(loaded, 64)} if loaded.min_samples else {}
+    return tuple(
+        length
+        for length in _default_lengths(loaded)[1:]
+        if _output_shapes(loaded, {**dict.fromkeys(axes, length), **waves}) is None
+    )
+
+
+def refused_note(loaded: LoadedModel) -> str | None:
+    """The report's warning for `refused_lengths`, or `None`."""
+    if not loaded.refused_lengths:
+        return None
+    left = ", ".join(map(str, loaded.refused_lengths))
+    kept = [n for n in _default_lengths(loaded) if n not in loaded.refused_lengths]
+    return (
+        f"the default grid leaves out length {left}: Keras itself fails there (the model "
+        f"takes {', '.join(map(str, kept))} of the default lengths); give --shapes to check "
+        "others"
+    )
 
 
 def int8_rows(loaded: LoadedModel, shapes: list, lengths: tuple) -> list:

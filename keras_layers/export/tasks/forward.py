@@ -52,7 +52,9 @@ class Forward:
         Sets `loaded.image_sides` (`validating.image_sides`),
         `loaded.min_length` (`validating.shortest_length`) and
         `loaded.min_samples` (`validating.fewest_samples`) first, which the
-        runs behind both, and the grid, start from.
+        runs behind both, and the grid, start from; and the default lengths
+        Keras itself fails on (`validating.refused_lengths`), said in the
+        report.
 
         Args:
             loaded: the loaded model.
@@ -63,6 +65,9 @@ class Forward:
         loaded.image_sides = validating.image_sides(loaded)
         loaded.min_length = validating.shortest_length(loaded)
         loaded.min_samples = validating.fewest_samples(loaded)
+        loaded.refused_lengths = validating.refused_lengths(loaded)
+        note = validating.refused_note(loaded)
+        loaded.notes += [note] if note else []
         inputs = validating.split_sequence_axes(loaded)
         return inputs, validating.name_output_axes(replace(loaded, inputs=inputs))
 
