@@ -27,6 +27,7 @@ from keras_layers.export import (
     validating,
 )
 from keras_layers.export.cli import EXIT_USAGE, main
+from keras_layers.export.errors import UsageError
 
 pytestmark = [pytest.mark.tensorflow_only, pytest.mark.xdist_group("image_inputs")]
 
@@ -316,3 +317,42 @@ def test_a_grouped_conv_converts_to_onnxs_grouped_conv(tmp_path):
         if node.op_type == "Conv"
     ]
     assert groups == [4, 2]
+
+
+def test_channels_first_takes_nchw_images_and_leaves_no_transpose(tmp_path):
+    """`--channels-first`: the file takes (batch, channels, height, width), as
+    optimum's vision files do; its one Permute cancels against the first Conv's
+    Transpose, and the file computes Keras' outputs on the NHWC images."""
+    import onnxruntime as ort
+
+    model = _resnet()
+    path = tmp_path / "resnet.keras"
+    model.save(path)
+    out = tmp_path / "nchw.onnx"
+    assert main([str(path), "-o", str(out), "--channels-first", "-q"]) == 0
+    assert _onnx_axes(out, "input") == {"images": ["batch", 3, "height", "width"]}
+    ops = [node.op_type for node in onnx.load(str(out)).graph.node]
+    assert "Transpose" not in ops
+    nhwc = np.random.default_rng(3).standard_normal((2, 40, 30, 3)).astype("float32")
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {"images": nhwc.transpose(0, 3, 1, 2)})
+    np.testing.assert_allclose(got, model(nhwc, training=False), atol=1e-5, rtol=1e-4)
+
+
+def test_channels_first_without_an_image_is_refused(tmp_path, capsys):
+    ids = keras.Input(shape=(None,), dtype="int32")
+    model = keras.Model(ids, keras.layers.Embedding(10, 4)(ids))
+    path = tmp_path / "text.keras"
+    model.save(path)
+    assert main([str(path), "-o", str(tmp_path / "t.onnx"), "--channels-first"]) == EXIT_USAGE
+    assert "takes no NHWC image" in capsys.readouterr().err
+    assert not (tmp_path / "t.onnx").exists()
+
+
+def test_channels_first_is_refused_where_it_cannot_apply(tmp_path):
+    with pytest.raises(UsageError, match="not taken with preprocessor=True"):
+        ExportOptions(channels_first=True, preprocessor=True)
+    with pytest.raises(UsageError, match="images as NCHW are for the forward pass"):
+        export_model(
+            _resnet(), tmp_path / "x/", ExportOptions(channels_first=True), task="causal-lm"
+        )

@@ -60,6 +60,11 @@ def export_model(
     """
     options = pipeline.checked_options(options)
     genai_folder.refuse_folder_options(options, task, output)
+    if options.channels_first and task != "forward":
+        raise UsageError(
+            f"{argument('channels_first', True)}: images as NCHW are for the forward pass; "
+            f"leave it out with task {task!r}"
+        )
     genai_folder.refuse_ambiguous_output(task, output)
     if options.preprocessor:
         if task != "forward":

@@ -45,6 +45,7 @@ FLAGS = {
     "task": "--task",
     "onnx_path": "FILE.onnx",
     "preprocessor": "--with-preprocessor",
+    "channels_first": "--channels-first",
     "text_pairs": "--text-pairs",
     "sampler": "--sampler",
     "top_k": "--top-k",
@@ -246,6 +247,12 @@ def _add_conversion(p: argparse.ArgumentParser) -> None:
         "--unsafe",
         action="store_true",
         help="allow Lambda layers (runs code stored in the file: trusted files only)",
+    )
+    p.add_argument(
+        "--channels-first",
+        action="store_true",
+        help="the file takes the model's NHWC images as NCHW (batch, channels, height, "
+        "width), as optimum's vision files do",
     )
     p.add_argument(
         "--task",

@@ -29,6 +29,7 @@ import numpy as np
 
 from keras_layers.export import loading, placement
 from keras_layers.export.errors import UsageError, ValidationFailed, argument
+from keras_layers.export.images import with_names
 from keras_layers.export.options import ExportOptions
 from keras_layers.export.pipeline import checked_options, export_model
 
@@ -74,15 +75,8 @@ def with_image_converter(task_model):
         )
     images = keras.Input(shape=(None, None, _channels(task_model)), dtype="uint8", name=INPUT)
     pixels = keras.ops.cast(images, "float32")
-    outputs = keras.tree.flatten(task_model(converter(pixels)))
-    names = list(getattr(task_model, "output_names", None) or [])
-    if len(names) == len(outputs):  # the task's own output names, not the nested model's
-        outputs = [keras.layers.Identity(name=n)(o) for n, o in zip(names, outputs, strict=True)]
-    return keras.Model(
-        images,
-        outputs if len(outputs) > 1 else outputs[0],
-        name=f"{task_model.name}_with_image_converter",
-    )
+    outputs = task_model(converter(pixels))
+    return with_names(task_model, images, outputs, f"{task_model.name}_with_image_converter")
 
 
 def check_predict(task_model, onnx_path, atol: float, rtol: float) -> dict:

@@ -26,8 +26,11 @@ and a constant image, on which a lost bias or a border handled differently
 shows where noise averages it away.
 """
 
+from dataclasses import replace
+
 import numpy as np
 
+from keras_layers.export.errors import UsageError, argument
 from keras_layers.export.inputs import consumers
 
 ROLE = "image"
@@ -94,6 +97,11 @@ def _operations_reading(model, tensor) -> list:
     return found
 
 
+def _is_to_channels_last(layer) -> bool:
+    """A Keras `Permute((2, 3, 1))`: channels first to channels last."""
+    return type(layer).__name__ == "Permute" and tuple(getattr(layer, "dims", ())) == (2, 3, 1)
+
+
 def element_wise_readers(model, tensor, depth: int = 0) -> list:
     """The layers that read `tensor` first, through element-wise layers
     (`Rescaling`, a cast, ...), which are passed, not listed.
@@ -139,6 +147,12 @@ def spatial_reader(model, tensor, depth: int = 0, passed=()):
         data_format = _layer_format(layer)
         if data_format:
             return layer, data_format, passed
+        if _is_to_channels_last(layer):  # NCHW in, NHWC to the rest of the model
+            for output in _outputs_of(layer, tensor):
+                found = spatial_reader(model, output, depth + 1, passed)
+                if found and found[1] == "channels_last":
+                    return found[0], "channels_first", found[2]
+            continue
         if isinstance(layer, keras.Model) and getattr(layer, "inputs", None):
             for inner in keras.tree.flatten(layer.inputs):
                 if len(inner.shape) == 4:
@@ -367,3 +381,72 @@ def accepted_near(accepts, side: int, smallest: int) -> int | None:
         if accepts(candidate):
             return candidate
     return None
+
+
+def with_names(model, inputs, outputs, name: str):
+    """A Keras model of `inputs` to `outputs` whose outputs keep `model`'s
+    output names (an `Identity` of each, named so), not those of the nested
+    model that computes them.
+
+    Args:
+        model: the model whose output names to keep.
+        inputs: the new model's inputs.
+        outputs: `model` called on them.
+        name: the new model's name.
+
+    Returns:
+        The model.
+    """
+    import keras
+
+    flat = keras.tree.flatten(outputs)
+    names = list(getattr(model, "output_names", None) or [])
+    if len(names) == len(flat):
+        flat = [keras.layers.Identity(name=n)(o) for n, o in zip(names, flat, strict=True)]
+    return keras.Model(inputs, flat if len(flat) > 1 else flat[0], name=name)
+
+
+def channels_first(loaded):
+    """The loaded model taking its NHWC images as NCHW: a Keras model that
+    permutes each to NHWC and calls the model, described anew (the image's
+    axes read `batch, channels, height, width`). tf2onnx writes the permute
+    as one Transpose, which the slim stage cancels against the first Conv's.
+
+    Args:
+        loaded: the `loading.LoadedModel`.
+
+    Returns:
+        The `LoadedModel` of the new model (the weights are the same).
+
+    Raises:
+        UsageError: the model takes no NHWC image, or takes a dict of inputs.
+    """
+    import keras
+
+    from keras_layers.export import loading  # (loading reads roles here: imported late)
+
+    nhwc = [info for info in loaded.inputs if is_image(info) and layout(info) == "NHWC"]
+    if not nhwc or loaded.input_structure == "dict":
+        found = ", ".join(f"{i.name} ({i.role})" for i in loaded.inputs)
+        raise UsageError(
+            f"{argument('channels_first', True)}: the model takes no NHWC image to take as "
+            f"NCHW (its inputs: {found}); leave it out"
+            if not nhwc
+            else f"{argument('channels_first', True)}: a model that takes a dict of inputs "
+            "is not wrapped; permute its images in the model"
+        )
+    model, taken, called = loaded.model, [], []
+    for info in loaded.inputs:
+        if info in nhwc:
+            height, width, channels = info.shape[1:]
+            image = keras.Input(shape=(channels, height, width), name=info.name, dtype=info.dtype)
+            taken.append(image)
+            called.append(keras.layers.Permute((2, 3, 1))(image))
+        else:
+            tensor = keras.Input(shape=info.shape[1:], name=info.name, dtype=info.dtype)
+            taken.append(tensor)
+            called.append(tensor)
+    args = called[0] if loaded.input_structure == "single" else called
+    wrapper = with_names(model, taken[0] if len(taken) == 1 else taken, model(args), model.name)
+    described = loading.load(wrapper)
+    return replace(described, path=loaded.path, source_policies=loaded.source_policies)

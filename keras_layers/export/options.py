@@ -122,6 +122,10 @@ class ExportOptions:
             one file that takes strings (`keras_layers.export.export_model`
             hands it to `text_model.export_text_model`).
         text_pairs: with `preprocessor`, a second string input, `text_pair`.
+        channels_first: the file takes its NHWC images as NCHW
+            (`pixel_values`, as optimum's vision files and tf2onnx's
+            `--inputs-as-nchw` take them): one Transpose in front of the
+            model, which the slim stage cancels against the first Conv's.
 
     Raises:
         UsageError: a setting is out of range or malformed (on creation).
@@ -158,6 +162,7 @@ class ExportOptions:
     extra_report: Mapping | None = None
     preprocessor: bool = False
     text_pairs: bool = False
+    channels_first: bool = False
 
     def __post_init__(self) -> None:
         _set = object.__setattr__  # the one place a frozen field is normalised
@@ -186,9 +191,15 @@ class ExportOptions:
         imports = (self.imports,) if isinstance(self.imports, str) else tuple(self.imports)
         _set(self, "imports", imports)
         _set(self, "input_roles", _input_roles(self.input_roles))
-        for name in ("preprocessor", "text_pairs"):
+        for name in ("preprocessor", "text_pairs", "channels_first"):
             if not isinstance(getattr(self, name), bool):
                 raise UsageError(f"{argument(name, getattr(self, name))}: give True or False")
+        if self.channels_first and self.preprocessor:
+            raise UsageError(
+                f"{argument('channels_first', True)}: not taken with preprocessor=True (its "
+                "file takes decoded images, height x width x channels, as decoders give them); "
+                "leave one out"
+            )
         if self.text_pairs and not self.preprocessor:
             raise UsageError(
                 f"{argument('text_pairs', True)}: only with preprocessor=True; add it, or leave "

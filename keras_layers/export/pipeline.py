@@ -16,6 +16,7 @@ from pathlib import Path
 
 from keras_layers.export import (
     converting,
+    images,
     loading,
     memory,
     placement,
@@ -363,6 +364,8 @@ def _convert(model, task: Task, options: ExportOptions, run: Run, folder: Path) 
             input_roles=options.input_roles,
             shapes=options.shapes,
         )
+        if options.channels_first:
+            loaded = images.channels_first(loaded)
     return _convert_loaded(loaded, task, options, run, folder)
 
 
