@@ -26,8 +26,6 @@ and a constant image, on which a lost bias or a border handled differently
 shows where noise averages it away.
 """
 
-from dataclasses import replace
-
 import numpy as np
 
 from keras_layers.export.errors import UsageError, argument
@@ -408,7 +406,7 @@ def with_names(model, inputs, outputs, name: str):
 
 def channels_first(loaded):
     """The loaded model taking its NHWC images as NCHW: a Keras model that
-    permutes each to NHWC and calls the model, described anew (the image's
+    permutes each to NHWC and calls the model (loaded again, its image's
     axes read `batch, channels, height, width`). tf2onnx writes the permute
     as one Transpose, which the slim stage cancels against the first Conv's.
 
@@ -416,14 +414,12 @@ def channels_first(loaded):
         loaded: the `loading.LoadedModel`.
 
     Returns:
-        The `LoadedModel` of the new model (the weights are the same).
+        The new Keras model (its weights are the model's).
 
     Raises:
         UsageError: the model takes no NHWC image, or takes a dict of inputs.
     """
     import keras
-
-    from keras_layers.export import loading  # (loading reads roles here: imported late)
 
     nhwc = [info for info in loaded.inputs if is_image(info) and layout(info) == "NHWC"]
     if not nhwc or loaded.input_structure == "dict":
@@ -447,6 +443,4 @@ def channels_first(loaded):
             taken.append(tensor)
             called.append(tensor)
     args = called[0] if loaded.input_structure == "single" else called
-    wrapper = with_names(model, taken[0] if len(taken) == 1 else taken, model(args), model.name)
-    described = loading.load(wrapper)
-    return replace(described, path=loaded.path, source_policies=loaded.source_policies)
+    return with_names(model, taken[0] if len(taken) == 1 else taken, model(args), model.name)

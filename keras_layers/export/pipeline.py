@@ -364,8 +364,9 @@ def _convert(model, task: Task, options: ExportOptions, run: Run, folder: Path) 
             input_roles=options.input_roles,
             shapes=options.shapes,
         )
-        if options.channels_first:
-            loaded = images.channels_first(loaded)
+        if options.channels_first:  # the same weights, NCHW images in
+            wrapper = loading.load(images.channels_first(loaded))
+            loaded = replace(wrapper, path=loaded.path, source_policies=loaded.source_policies)
     return _convert_loaded(loaded, task, options, run, folder)
 
 
