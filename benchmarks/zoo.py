@@ -130,7 +130,8 @@ def run_model(entry, folder: Path) -> dict:
         row["genai"] = genai_folder(model, folder / f"{entry.name}_folder")
     if error is None:
         try:
-            differences = zoo_models.parity(model, output, zoo_models.padded_feed(model))
+            feed = zoo_models.padded_feed(model, width=zoo_models.FEED_WIDTH.get(entry.name))
+            differences = zoo_models.parity(model, output, feed)
             row["feed_max_abs_diff"] = max(differences.values())
             if row["feed_max_abs_diff"] > zoo_models.FEED_ATOL:
                 row["status"] = "feed mismatch"

@@ -94,7 +94,8 @@ def test_exports_with_default_flags_and_matches_keras_on_a_padded_batch(name, tm
     output = tmp_path / f"{name}.onnx"
     report = export_model(model, output)
     assert report["passed"]
-    differences = zoo_models.parity(model, output, zoo_models.padded_feed(model))
+    feed = zoo_models.padded_feed(model, width=zoo_models.FEED_WIDTH.get(name))
+    differences = zoo_models.parity(model, output, feed)
     assert max(differences.values()) <= zoo_models.FEED_ATOL, differences
 
 

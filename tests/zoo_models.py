@@ -390,17 +390,23 @@ MASKED_POSITIONS = 3
 FEED_ATOL = 1e-4  # the export's own default atol
 
 
+# Models that take one length only: their padded feed is padded to it. SigLIP's
+# text encoder adds its whole position table (32 rows here).
+FEED_WIDTH = {"SigLIPTextEncoder": 32}
+
+
 def _lengths(name: str) -> tuple:
     return DECODER_LENGTHS if name.startswith("decoder_") else ENCODER_LENGTHS
 
 
-def _valid(lengths: tuple) -> np.ndarray:
-    return np.arange(max(lengths))[None, :] < np.array(lengths)[:, None]
+def _valid(lengths: tuple, width: int | None = None) -> np.ndarray:
+    return np.arange(width or max(lengths))[None, :] < np.array(lengths)[:, None]
 
 
-def padded_feed(model, seed: int = 1) -> dict:
+def padded_feed(model, seed: int = 1, width: int | None = None) -> dict:
     """A right-padded batch for every input of `model`, built from input names
-    alone (not from the export pipeline's own input roles)."""
+    alone (not from the export pipeline's own input roles); `width` pads every
+    row to that many tokens (`FEED_WIDTH`), else to the longest row."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for name, dtype in _input_dtypes(model).items():
