@@ -32,8 +32,8 @@ pytestmark = [
 
 # The default suite's share (about a minute): the families most users bring
 # (an encoder, two decoders, two encoder-decoders), each through a task with
-# its head where one exists (a task exports its backbone too), and one
-# unsupported model for its error.
+# its head where one exists (a task exports its backbone too), and FNet,
+# whose Fourier mixing the trace rewrites as products with DFT tables.
 FAST = (
     "LlamaBackbone",
     "BartBackbone",

@@ -166,10 +166,6 @@ EXTRA = {
 # exactly that. "pipeline bug:" entries are defects of the export pipeline (the
 # model is exportable in principle), listed so the tests stay truthful until
 # they are fixed; then the test fails, and the entry goes.
-_FFT = (
-    "ConversionError (exit 2): FNet mixes tokens with a Fourier transform; tf2onnx has no "
-    "conversion for TensorFlow's Complex and FFT2D ops (ONNX has no complex tensors)"
-)
 _LOOP_ON_LENGTH = (
     "ConversionError (exit 2): {layer} branches or loops in Python on the sequence length "
     "({how}), so it cannot be traced with a dynamic sequence axis"
@@ -179,9 +175,6 @@ _QWEN3_5 = _LOOP_ON_LENGTH.format(
 )
 _RWKV7 = _LOOP_ON_LENGTH.format(layer="RWKV7TimeMix", how="`for t in range(T)`")
 UNSUPPORTED: dict[str, str] = {
-    "FNetBackbone": _FFT,
-    "FNetMaskedLM": _FFT,
-    "FNetTextClassifier": _FFT,
     "Qwen3_5Backbone": _QWEN3_5,
     "Qwen3_5CausalLM": _QWEN3_5,
     "Qwen3_5MoeBackbone": _QWEN3_5,

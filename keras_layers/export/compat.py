@@ -95,6 +95,12 @@ INTERNALS = (
         "tracing._attention_for_onnx: attention as one MatMul/Softmax/MatMul chain",
     ),
     Internal(
+        "keras.src.backend.tensorflow.math",
+        "fft2",
+        _KERAS,
+        "tracing._fourier_transforms_as_products: FNet's FFT as products with DFT tables",
+    ),
+    Internal(
         "keras.src.backend.tensorflow.nn",
         "conv",
         _KERAS,

@@ -16,8 +16,11 @@ by a `Transpose` for the output projection. The conversion stage turns these
 inputs into initializers holding the variables' values.
 """
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+import numpy as np
 
 from keras_layers.export import compat
 from keras_layers.export.compat import patched
@@ -194,6 +197,65 @@ def _grouped_convs_without_xla():
         yield
 
 
+@contextmanager
+def _fourier_transforms_as_products():
+    """Trace Keras' `fft2` as products with the DFT's cosine and sine tables.
+
+    FNet mixes its tokens with the real part of a 2-D Fourier transform
+    (`ops.fft2` over the sequence and the hidden axis); TensorFlow computes it
+    on complex tensors, which tf2onnx cannot convert (ONNX has no complex
+    type). Over the last two axes, sizes M and N, the transform is
+    `F_M X F_N` with `F_k = C_k - i S_k` (`C_k[a, b] = cos(2 pi ab / k)`,
+    `S_k` the sine): for `X = R + iI`, `A = C_M R + S_M I` and
+    `B = C_M I - S_M R`, the real part is `A C_N + B S_N` and the imaginary
+    part `B C_N - A S_N`. A fixed size's tables are constants computed here
+    in float64; a dynamic size's (the sequence) are built in the graph from
+    the tensor's shape, their angles reduced modulo k in float64, so both are
+    exact in float32 at any length. (Built in the graph for a fixed size
+    too, onnxslim 0.1.98 folds them wrongly: every angle 0.) The products
+    sum in another order than an FFT: the export's validation compares them
+    with Keras' FFT like everything else. Other models keep Keras' code.
+    """
+    try:
+        from keras.src.backend.tensorflow import math as backend_math
+    except ImportError:
+        yield
+        return
+    original = compat.original(backend_math, "fft2", None)
+    if original is None:
+        yield
+        return
+    import tensorflow as tf
+
+    def tables(size, static):
+        if static is not None:  # a fixed size: the tables are weights of the graph
+            turns = np.outer(np.arange(static), np.arange(static)) % static
+            angle = turns * (2.0 * math.pi / static)
+            return tf.constant(np.cos(angle), tf.float32), tf.constant(np.sin(angle), tf.float32)
+        # A dynamic size (the sequence): computed at run time, ab mod k in
+        # float64, exact for any length a model holds (ab < 2^53).
+        size = tf.cast(size, tf.float64)
+        index = tf.range(size, dtype=tf.float64)
+        product = index[:, None] * index[None, :]
+        turns = product - tf.floor(product / size) * size
+        angle = turns * (2.0 * math.pi / size)
+        return tf.cast(tf.cos(angle), tf.float32), tf.cast(tf.sin(angle), tf.float32)
+
+    def fft2(x):
+        real, imag = (tf.convert_to_tensor(part) for part in x)
+        if real.dtype != tf.float32 or imag.dtype != tf.float32 or real.shape.rank < 2:
+            return original(x)
+        shape = tf.shape(real)
+        cos_m, sin_m = tables(shape[-2], real.shape[-2])
+        cos_n, sin_n = tables(shape[-1], real.shape[-1])
+        a = tf.matmul(cos_m, real) + tf.matmul(sin_m, imag)
+        b = tf.matmul(cos_m, imag) - tf.matmul(sin_m, real)
+        return tf.matmul(a, cos_n) + tf.matmul(b, sin_n), tf.matmul(b, cos_n) - tf.matmul(a, sin_n)
+
+    with patched(backend_math, "fft2", fft2):
+        yield
+
+
 def _is_python_control_flow(error: Exception) -> bool:
     """TensorFlow's ways of saying that Python code asked a symbolic tensor for
     its value (`if tensor:`, `range(tensor)`), which only eager execution has."""
@@ -286,7 +348,12 @@ def trace_call(loaded: LoadedModel, call, specs: list, output_names: list) -> Tr
 
     function = tf.function(serve, input_signature=signature, autograph=False)
     try:
-        with _attention_as_batched_matmuls(), _einsums_for_onnx(), _grouped_convs_without_xla():
+        with (
+            _attention_as_batched_matmuls(),
+            _einsums_for_onnx(),
+            _grouped_convs_without_xla(),
+            _fourier_transforms_as_products(),
+        ):
             function.get_concrete_function(*signature)  # traced now, reused by convert
     except Exception as error:
         _raise_if_keras_itself_fails(loaded)
