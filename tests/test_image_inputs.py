@@ -356,3 +356,12 @@ def test_channels_first_is_refused_where_it_cannot_apply(tmp_path):
         export_model(
             _resnet(), tmp_path / "x/", ExportOptions(channels_first=True), task="causal-lm"
         )
+
+
+def test_an_int8_cnn_says_its_convolutions_keep_float32_weights(tmp_path):
+    """int8 quantizes MatMul and Gather weights only: a CNN's file quantizes
+    its classifier head, and the report counts the convolutions left float."""
+    report = export_model(_resnet(), tmp_path / "resnet.onnx", ExportOptions(quantize="int8"))
+    assert report["int8"]["float_convolutions"] == 9
+    ops = [node.op_type for node in onnx.load(str(tmp_path / "resnet.int8.onnx")).graph.node]
+    assert ops.count("Conv") == 9 and "ConvInteger" not in ops

@@ -266,6 +266,11 @@ def int8_summary(int8: dict) -> str:
     """One line on the int8 file: size and how well it agrees with Keras."""
     gates = "; ".join(_gate_line(gate) for gate in int8["gates"])
     text = f"{int8['size_ratio']}x the float32 parameter bytes; " + (gates or "no gate")
+    if int8.get("float_convolutions"):
+        text += (
+            f"; its {int8['float_convolutions']} convolutions keep float32 weights (int8 "
+            "quantizes MatMul and Gather weights only)"
+        )
     if int8["evaluation"] is not None:
         text += f"; {int8['evaluation'].get('summary', '')}"
     return escape(text)

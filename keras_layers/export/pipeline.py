@@ -136,7 +136,7 @@ def _quantize(task: Task, converted: "_Converted", staged: "_Staged", checks: Ch
     The int8 file is judged by its predictions, at the default tolerances,
     on the float file's grid and Keras outputs (`checks`)."""
     int8_path, param_bytes = staged.int8, converted.loaded.param_bytes
-    quantizing.quantize_int8(staged.graph, int8_path)
+    quantized = quantizing.quantize_int8(staged.graph, int8_path)
     int8_checks = replace(checks, quantized=True, on_step=None)
     validation = task.validate(converted.loaded, int8_path, int8_checks)
     evaluation = evaluate(int8_path) if evaluate else None
@@ -150,6 +150,8 @@ def _quantize(task: Task, converted: "_Converted", staged: "_Staged", checks: Ch
         "failure": None if validation.passed else validation.failure(),
         "checks": [asdict(check) for check in validation.checks],
         "evaluation": evaluation,
+        # Convolutions whose weights stay float32 (int8 quantizes MatMul and Gather).
+        "float_convolutions": quantized["float_convolutions"],
     }
 
 

@@ -23,6 +23,8 @@ from keras_layers.export.options import ACCURACY_LEVEL
 from keras_layers.export.slimming import deduplicate_initializers
 
 QUANTIZED_OPS = ["MatMul", "Gather"]
+# Ops whose weights an int8 file keeps in float32 (`quantize_int8`).
+FLOAT_CONVOLUTIONS = ("Conv", "ConvTranspose")
 
 
 def materialize_transposes(proto) -> dict:
@@ -291,7 +293,11 @@ def quantize_int8(source, target, rows: bool = True) -> dict:
             tensor (benchmarks/int8_rows.py compares the two).
 
     Returns:
-        `{"stored_once": [...]}`: the initializers the tied matrix shares.
+        `{"stored_once": [...], "float_convolutions": N}`: the initializers
+        the tied matrix shares, and how many convolutions keep float32
+        weights (`QUANTIZED_OPS` holds no Conv: ONNX Runtime's dynamic
+        `ConvInteger` is not offered; a CNN's int8 file quantizes its
+        `Dense` layers only, and the report says so).
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -325,7 +331,8 @@ def quantize_int8(source, target, rows: bool = True) -> dict:
     share_tied_int8(result, transposed)
     changes = deduplicate_initializers(result)
     onnx.save(result, str(target))
-    return {"stored_once": changes}
+    convolutions = sum(node.op_type in FLOAT_CONVOLUTIONS for node in result.graph.node)
+    return {"stored_once": changes, "float_convolutions": convolutions}
 
 
 # Weight-only quantization of a decoder's MatMul weights (`quantize_weights`).
