@@ -404,7 +404,7 @@ def padded_feed(model, seed: int = 1, width: int | None = None) -> dict:
     feeds = {}
     for name, dtype in _input_dtypes(model).items():
         lengths = _lengths(name)
-        valid = _valid(lengths)
+        valid = _valid(lengths, width)
         if name.endswith("token_ids"):
             ids = rng.integers(1, VOCAB, size=valid.shape)
             value = np.where(valid, ids, 0)
