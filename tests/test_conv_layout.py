@@ -367,7 +367,12 @@ def test_a_vit_keeps_its_fusions_and_the_pass_leaves_its_graph_alone(tmp_path):
     )
     assert report["passed"]
     fused = report["graph"]["fused"]
-    assert (fused["MultiHeadAttention"], fused["LayerNormalization"], fused["Gelu"]) == (2, 5, 2)
+    # Each exact GELU with its Dense's bias: the Dense is one MatMul (`fusions.matmul`).
+    assert (fused["MultiHeadAttention"], fused["LayerNormalization"], fused["BiasGelu"]) == (
+        2,
+        5,
+        2,
+    )
     assert fused["Conv"] == 0
     proto = onnx.load(tmp_path / "vit.onnx")
     again, result = _after(proto)

@@ -309,6 +309,66 @@ def test_erfc_gelu_is_fused_and_another_constant_is_left_alone():
     assert ("e", "Erf: the erf's input is not -x / sqrt(2)") in declined
 
 
+def _static_dense(back):
+    """A `Dense` (bias, exact GELU) on x of (batch, 4, 8) as tf2onnx writes it
+    where every axis but the batch is static, as in a ViT: to 2-D, MatMul,
+    and back by the constant `back`."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Reshape", ["x", "flat"], ["x_2d"]),
+        helper.make_node("MatMul", ["x_2d", "w"], ["product"]),
+        helper.make_node("Reshape", ["product", "back"], ["dense"]),
+        helper.make_node("Add", ["dense", "bias"], ["x"]),
+        *_erfc_gelu().graph.node,
+    ]
+    # The GELU reads "x": the Dense's output gets that name, and its input another.
+    nodes[0].input[0] = "pixels"
+    constants = [
+        numpy_helper.from_array(np.array([-1, 8], np.int64), "flat"),
+        numpy_helper.from_array(np.array(back, np.int64), "back"),
+        numpy_helper.from_array(rng.normal(size=(8, 6)).astype("float32"), "w"),
+        numpy_helper.from_array(rng.normal(size=6).astype("float32"), "bias"),
+        *_erfc_gelu().graph.initializer,
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [_tensor("pixels", ["b", 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        constants,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_a_dense_whose_way_back_is_a_constant_is_one_matmul_with_its_bias_in_the_gelu():
+    """Its x's static axes (4) are the constant's: one MatMul, the bias Add
+    right after it, and the GELU takes the bias in (BiasGelu)."""
+    x = np.random.default_rng(1).normal(size=(3, 4, 8)).astype("float32")
+    proto = _static_dense([-1, 4, 6])
+    (reference,) = _run(proto, pixels=x)
+    assert fusions.fuse_tensordot_matmuls(proto, fusions.tensor_shapes(proto)) == 1
+    assert fusions.fuse_gelus(proto)["BiasGelu"] == 1
+    remove_dead_nodes(proto)
+    assert [node.op_type for node in proto.graph.node] == ["MatMul", "BiasGelu"]
+    np.testing.assert_allclose(_run(proto, pixels=x)[0], reference, rtol=1e-5, atol=1e-5)
+
+
+def test_a_constant_way_back_that_is_not_xs_leading_axes_is_left_alone():
+    """(3, 4, 8) to (12, 6) to (6, 2, 6): a reshape of its own, which one
+    MatMul would not compute; and without x's shape nothing is proven."""
+    proto = _static_dense([-1, 2, 6])
+    before = proto.SerializeToString()
+    declined = []
+    assert fusions.fuse_tensordot_matmuls(proto, fusions.tensor_shapes(proto), declined) == 0
+    assert proto.SerializeToString() == before and declined == []
+
+    proto = _static_dense([-1, 4, 6])
+    assert fusions.fuse_tensordot_matmuls(proto, None, declined) == 0
+    assert [why for _, why in declined] == [
+        "x's shape is not inferred: a constant way back cannot be read as its leading axes"
+    ]
+
+
 def _add_layer_norm(axis):
     nodes = [
         helper.make_node("Add", ["a", "b"], ["s"]),

@@ -44,6 +44,9 @@ HEADS = 4
 FUSED = {
     "bert": {"LayerNormalization": 5, "MultiHeadAttention": 2, "MatMul": 4, "FastGelu": 2},
     "roberta": {"LayerNormalization": 5, "MultiHeadAttention": 2, "MatMul": 4, "BiasGelu": 2},
+    # Every axis of its hidden states but the batch is static (the patches and
+    # the class token), so TensorFlow writes each Dense's way back as a constant.
+    "vit": {"LayerNormalization": 5, "MultiHeadAttention": 2, "MatMul": 4, "BiasGelu": 2},
     "gpt2": {"LayerNormalization": 5, "MultiHeadAttention": 2, "MatMul": 4, "FastGelu": 2},
     "llama": {
         "SimplifiedLayerNormalization": 5,
@@ -66,7 +69,7 @@ FUSED = {
 }
 # Models whose feed-forward Dense has a bias, which the GELU after it takes in,
 # and whose attention projects q, k and v with a bias, which the attention takes in.
-BIASED = ("bert", "roberta", "gpt2")
+BIASED = ("bert", "roberta", "gpt2", "vit")
 # What may stand between a projection's product and the attention reading it.
 LAYOUT = ("Reshape", "Squeeze", "Unsqueeze", "Transpose")
 # What a decomposition that no rule fused leaves behind (BERT's pooler keeps its Tanh).
@@ -82,6 +85,16 @@ def build(kind: str, width: int):
 
     models = keras_hub.models
     keras.utils.set_random_seed(0)
+    if kind == "vit":  # 32 x 32 images in patches of 8: 16 patches and the class token
+        backbone = models.ViTBackbone(
+            image_shape=(32, 32, 3),
+            patch_size=8,
+            num_layers=LAYERS,
+            num_heads=HEADS,
+            hidden_dim=width,
+            mlp_dim=2 * width,
+        )
+        return zoo_models.redraw(models.ViTImageClassifier(backbone, num_classes=5))
     sizes = {"vocabulary_size": 100, "num_layers": LAYERS, "hidden_dim": width}
     sizes["intermediate_dim"] = 2 * width
     if kind in ("bert", "roberta", "gpt2"):
@@ -107,8 +120,11 @@ def projection_biases(model) -> list:
     for layer in range(LAYERS):
         by_side = {}
         for weight in model.weights:
+            # keras-hub's text models count their layers from 0, its ViT from 1.
             side = re.fullmatch(
-                rf"transformer_layer_{layer}/[^/]+/(query|key|value)/bias", weight.path
+                rf"(?:transformer_layer_{layer}|vit_encoder/transformer_block_{layer + 1})"
+                r"/[^/]+/(query|key|value)/bias",
+                weight.path,
             )
             if side:
                 by_side[side.group(1)] = keras.ops.convert_to_numpy(weight).reshape(-1)
@@ -142,6 +158,8 @@ def exported(tmp_path_factory):
             model = build(kind, width)
             if kind == CACHED:
                 report = export_model(model, path, task="causal-lm")
+            elif kind == "vit":
+                report = export_model(model, path)
             else:
                 report = export_model(model, path, ExportOptions(shapes=[(2, 16)]))
             graph = onnx.load(str(path), load_external_data=False).graph

@@ -54,9 +54,20 @@ def fuse_layer_norms(proto, ranks: dict) -> int:
     return _count(layer_norm, proto, None, shapes=shapes)
 
 
-def fuse_tensordot_matmuls(proto) -> int:
-    """`Reshape(MatMul(Reshape(x, [-1, d]), W), shape(x)[:-1] + [n])` -> `MatMul(x, W)`."""
-    return _count(matmul, proto, None)
+def fuse_tensordot_matmuls(proto, shapes: dict | None = None, declined: list | None = None) -> int:
+    """`Reshape(MatMul(Reshape(x, [-1, d]), W), shape(x)[:-1] + [n])` -> `MatMul(x, W)`.
+
+    Args:
+        proto: the ModelProto, rewritten in place.
+        shapes: `tensor_shapes` of the graph, where the way back may be a
+            constant (x's axes but the first static); None for the computed
+            way back only.
+        declined: when given, gets (output, reason) for each candidate left alone.
+
+    Returns:
+        How many were replaced.
+    """
+    return _count(matmul, proto, declined, shapes=shapes)
 
 
 def fuse_attention(proto, shapes: dict, declined: list | None = None, cached: bool = False) -> int:
