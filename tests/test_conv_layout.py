@@ -377,3 +377,34 @@ def test_a_vit_keeps_its_fusions_and_the_pass_leaves_its_graph_alone(tmp_path):
     proto = onnx.load(tmp_path / "vit.onnx")
     again, result = _after(proto)
     assert _ops(again) == _ops(proto) and result.changed == 0
+
+
+def _pooled_rms_norm_head():
+    """MobileNetV5's head, in Keras: a global pool kept 1 x 1, a 1x1 Conv, an
+    RMS norm over its channels, a classifier. Free image sides."""
+    import keras
+
+    images = keras.Input((None, None, 3), name="images")
+    x = keras.layers.Conv2D(8, 3, strides=2, padding="same")(images)
+    x = keras.layers.GlobalAveragePooling2D(keepdims=True)(x)
+    x = keras.layers.Conv2D(32, 1)(x)
+    x = keras.layers.LayerNormalization(rms_scaling=True)(x)
+    x = keras.layers.Flatten()(x)
+    return keras.Model(images, keras.layers.Dense(3)(x))
+
+
+def test_a_transpose_of_axes_of_size_one_is_no_reshape_by_a_stale_shape(tmp_path):
+    """tf2onnx's TransposeOptimizer ends by turning each Transpose that moves
+    only axes of size 1 into a Reshape, by shapes it records; a Transpose it
+    moved left (N, 32, 1, 1) recorded in the NHWC layout, and the Reshape
+    gave (N, 1, 32, 1): the norm averaged one value and the logits had 32
+    rows per image (keras-hub's MobileNetV5). The file gives Keras' logits,
+    one row per image, at sizes the grid did not choose."""
+    model = _pooled_rms_norm_head()
+    report = export_model(model, tmp_path / "head.onnx")
+    assert report["passed"]
+    session = ort.InferenceSession(str(tmp_path / "head.onnx"))
+    for shape in ((1, 33, 47, 3), (3, 64, 96, 3)):
+        images = RNG.uniform(0, 1, shape).astype(np.float32)
+        (got,) = session.run(None, {"images": images})
+        np.testing.assert_allclose(got, np.asarray(model(images)), rtol=1e-4, atol=1e-5)

@@ -240,6 +240,14 @@ INTERNALS = (
             "_output_node_has_single_consumer_node",
         )
     ),
+    Internal(
+        "tf2onnx.optimizer",
+        "_get_optimizers",
+        "tf2onnx 1.16-1.17",
+        "converting._optimizers: tf2onnx's optimizers, its TransposeOptimizer without the "
+        "Transpose-to-Reshape step that reads stale shapes",
+        swapped=False,
+    ),
 )
 
 

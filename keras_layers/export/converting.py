@@ -302,6 +302,32 @@ def _captures_to_initializers(proto, captured: dict) -> None:
         graph.initializer.append(numpy_helper.from_array(captured[name], name))
 
 
+def _optimizers(optimizer) -> dict:
+    """tf2onnx's optimizers, in its order, with its TransposeOptimizer's last
+    step left out.
+
+    That step turns each Transpose that moves only axes of size 1 into a
+    Reshape, by the shapes recorded on the graph; after it has moved a
+    Transpose, the recorded shape of the Transpose's input can still be the
+    old layout's, and the Reshape is then wrong for every input: keras-hub's
+    MobileNetV5 head turned (N, 32, 1, 1) into (N, 1, 32, 1) instead of
+    (N, 1, 1, 32), its RMS norm averaged one value, and the logits came out
+    with 32 rows per image. The Transpose is kept here; passes/conv_layout.py
+    reruns the optimizer, step included, on a graph whose shapes ONNX's own
+    inference has just given.
+    """
+    from tf2onnx.optimizer.transpose_optimizer import TransposeOptimizer
+
+    class WithoutReshapes(TransposeOptimizer):
+        def post_optimize_action(self):
+            return
+
+    return {
+        name: WithoutReshapes if factory is TransposeOptimizer else factory
+        for name, factory in optimizer._get_optimizers().items()
+    }
+
+
 def _tf2onnx(traced: TracedModel, opset: int, data_path: Path | None):
     import tensorflow as tf
     from tf2onnx import convert, optimizer, tf_loader, tf_utils, tfonnx
@@ -328,7 +354,7 @@ def _tf2onnx(traced: TracedModel, opset: int, data_path: Path | None):
             tensors_to_rename=renames,
             custom_op_handlers=HANDLERS,
         )
-        for iteration, factory in enumerate(optimizer._get_optimizers().values()):
+        for iteration, factory in enumerate(_optimizers(optimizer).values()):
             graph = factory().optimize(graph, iteration) or graph
         graph.topological_sort(graph.get_nodes())
         with _numpy_product_alias():
