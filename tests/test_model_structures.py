@@ -74,3 +74,63 @@ def test_a_subclassed_model_called_on_a_list_has_one_input_each(tmp_path, from_f
     assert report["passed"]
     roles = [(entry["dtype"], entry["role"]) for entry in report["inputs"]]
     assert roles == [("float32", "features"), ("int32", "ids")]
+
+
+def _nested_outputs() -> keras.Model:
+    """keras-hub's D-FINE returns a dict whose values may be tuples of tensors."""
+    keras.utils.set_random_seed(0)
+    ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    x = keras.layers.Embedding(20, 8)(ids)
+    first = keras.layers.Dense(8, name="first")(x)
+    second = keras.layers.Dense(8, name="second")(first)
+    pooled = keras.layers.GlobalAveragePooling1D()(second)
+    return keras.Model(ids, {"logits": pooled, "hidden": (first, second)})
+
+
+@pytest.mark.parametrize("from_file", [False, True], ids=["in memory", "from its file"])
+def test_an_output_dict_holding_a_tuple_has_one_output_per_tensor(tmp_path, from_file):
+    """Each tensor of the tuple is an output of its own, named by its key and
+    position, and each is checked against Keras' (a wrong one fails)."""
+    model = _nested_outputs()
+    source = model
+    if from_file:
+        source = tmp_path / "nested.keras"
+        model.save(source)
+    report = export_model(source, tmp_path / "nested.onnx", ExportOptions(shapes=SHAPES))
+    assert report["passed"]
+    graph = onnx.load(str(tmp_path / "nested.onnx")).graph
+    names = [value.name for value in graph.output]
+    assert sorted(names) == ["hidden_0", "hidden_1", "logits"]
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(tmp_path / "nested.onnx"))
+    ids = np.array([[3, 1, 4, 1, 5]], "int32")
+    got = dict(zip(names, session.run(None, {"token_ids": ids}), strict=True))
+    expected = model(ids)
+    np.testing.assert_allclose(got["hidden_1"], np.asarray(expected["hidden"][1]), atol=1e-5)
+    np.testing.assert_allclose(got["hidden_0"], np.asarray(expected["hidden"][0]), atol=1e-5)
+    np.testing.assert_allclose(got["logits"], np.asarray(expected["logits"]), atol=1e-5)
+
+
+def test_an_input_no_output_reads_stays_an_input_of_the_file(tmp_path):
+    """keras-hub's Stable Diffusion 3 tasks take inputs their outputs do not
+    read; tf2onnx drops them, and a caller feeding the model's inputs was
+    refused ("Invalid input name"). The file declares it, in the model's order."""
+    keras.utils.set_random_seed(0)
+    ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    unread = keras.Input(shape=(None, None, 3), name="images")
+    logits = keras.layers.Dense(2)(keras.layers.Embedding(10, 4)(ids))
+    model = keras.Model({"token_ids": ids, "images": unread}, logits)
+    report = export_model(model, tmp_path / "unread.onnx", ExportOptions(shapes=SHAPES))
+    assert report["passed"]
+    graph = onnx.load(str(tmp_path / "unread.onnx")).graph
+    assert sorted(value.name for value in graph.input) == ["images", "token_ids"]
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(tmp_path / "unread.onnx"))
+    feed = {
+        "token_ids": np.array([[1, 2, 3]], "int32"),
+        "images": np.zeros((1, 4, 4, 3), "float32"),
+    }
+    (got,) = session.run(None, feed)
+    np.testing.assert_allclose(got, np.asarray(model(feed)), atol=1e-6)

@@ -340,6 +340,10 @@ def _tf2onnx(traced: TracedModel, opset: int, data_path: Path | None):
     renames = convert.tensor_names_from_structed(concrete, inputs, outputs)
     with tf.device("/cpu:0"), _grappler_without_placeholder_shapes():
         frozen = tf_loader.from_function(concrete, inputs, outputs, large_model=True)
+    # An input no output reads is pruned by the freezing, and tf2onnx refuses
+    # to be told of it: `slimming.declare_unread_inputs` declares it again.
+    kept = {node.name for node in frozen.node}
+    inputs = [name for name in inputs if name.split(":")[0] in kept]
     with tf.Graph().as_default() as tf_graph:
         constants = tf_utils.compress_graph_def(frozen)
         storage = ExternalTensorStorage()

@@ -972,18 +972,51 @@ def _explain_load_error(path: Path, error: Exception, config: dict) -> str:
 def flatten(structure, names=None) -> list:
     """A single tensor, a list or a dict of tensors as a flat list.
 
+    A dict's or a list's values may themselves be lists or dicts (keras-hub's
+    D-FINE returns a tuple of hidden states under one key): they are taken
+    apart in order, and named as `named_leaves` names them.
+
     Args:
-        structure: a tensor, a list or tuple, or a dict of them.
-        names: the order of a dict's values (default: insertion order).
+        structure: a tensor, a list or tuple, or a dict of them, at any depth.
+        names: for a dict, the order of its leaves by `named_leaves`' names
+            (default: insertion order).
 
     Returns:
         The tensors, in order.
     """
+    if isinstance(structure, dict) and names:
+        leaves = dict(named_leaves(structure, []))
+        return [leaves[name] for name in names]
+    return [leaf for _, leaf in named_leaves(structure, None)]
+
+
+def named_leaves(structure, top_names) -> list:
+    """(name, tensor) for each leaf of a single, list or dict structure.
+
+    A dict's leaves are named by their keys, a top-level list's or a single
+    tensor's by `top_names` (None: by position); a list or dict nested under
+    a name gives `name_0`, `name_1`, ... or `name_key`.
+
+    Args:
+        structure: a tensor, a list or tuple, or a dict of them, at any depth.
+        top_names: the names of a top-level list's items or a single tensor.
+
+    Returns:
+        The pairs, in order.
+    """
+
+    def under(name, value) -> list:
+        if isinstance(value, dict):
+            return [pair for key, item in value.items() for pair in under(f"{name}_{key}", item)]
+        if isinstance(value, list | tuple):
+            return [pair for i, item in enumerate(value) for pair in under(f"{name}_{i}", item)]
+        return [(name, value)]
+
     if isinstance(structure, dict):
-        return [structure[name] for name in names] if names else list(structure.values())
-    if isinstance(structure, list | tuple):
-        return list(structure)
-    return [structure]
+        return [pair for key, value in structure.items() for pair in under(key, value)]
+    items = list(structure) if isinstance(structure, list | tuple) else [structure]
+    names = list(top_names) if top_names is not None else [str(i) for i in range(len(items))]
+    return [pair for name, item in zip(names, items, strict=True) for pair in under(name, item)]
 
 
 def _structure(value) -> str:
@@ -996,9 +1029,7 @@ def _structure(value) -> str:
 
 def _flat_named(structure, names_fallback):
     """(name, tensor) pairs of a single, list or dict structure of tensors."""
-    if isinstance(structure, dict):
-        return list(structure.items())
-    return list(zip(names_fallback, flatten(structure), strict=True))
+    return named_leaves(structure, names_fallback)
 
 
 def _symbolic_io(model):
@@ -1076,15 +1107,16 @@ def _describe(model, sizes=()):
     except (TypeError, ValueError) as error:
         raise ModelLoadError(f"cannot read the model's inputs and outputs ({error})") from error
     flat_inputs = flatten(input_struct)
-    flat_output_tensors = flatten(output_struct)
+    # The top level's outputs (a dict's or a list's items may nest others).
+    top_outputs = output_struct if isinstance(output_struct, list | tuple) else [output_struct]
     input_names = [t.name for t in flat_inputs]
     output_names = list(
         getattr(model, "output_names", None)
         or getattr(getattr(model, "_functional", None), "output_names", None)
         or []
     )
-    if len(output_names) != len(flat_output_tensors):
-        output_names = [f"output_{i}" for i in range(len(flat_output_tensors))]
+    if len(output_names) != len(top_outputs):
+        output_names = [f"output_{i}" for i in range(len(top_outputs))]
     flat_outputs = _flat_named(output_struct, output_names)
     named = _flat_named(input_struct, input_names)
     structure = _structure(input_struct)

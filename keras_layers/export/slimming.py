@@ -19,6 +19,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from keras_layers.export.axes import PAST_AXIS
 from keras_layers.export.passes import (
     axis_names,
@@ -232,6 +234,7 @@ def slim(
     before = len(proto.graph.node)
     context = _context(proto, inputs, outputs, run_onnxslim, model_name, data_folder, stored_dtype)
     proto, results = run_passes(PASSES, proto, context)
+    declare_unread_inputs(proto, inputs)
     return SlimmedModel(
         proto=proto,
         nodes_before=before,
@@ -239,3 +242,35 @@ def slim(
         seconds=time.perf_counter() - start,
         **_report(results),
     )
+
+
+def declare_unread_inputs(proto, inputs: list) -> list:
+    """Give back the graph inputs that no output reads, in the model's order.
+
+    A model may take an input that none of its outputs reads (keras-hub's
+    Stable Diffusion 3 text-to-image takes `images` and `latents` whatever
+    the task); tf2onnx and onnxslim drop it, and a caller that feeds the
+    model's own inputs is refused ("Invalid input name"). It is declared
+    again, read by no node.
+
+    Args:
+        proto: the ModelProto, changed in place.
+        inputs: the model's inputs (`loading.TensorInfo`), in its order.
+
+    Returns:
+        The names declared again.
+    """
+    from onnx import helper
+
+    graph = proto.graph
+    present = {value.name: value for value in graph.input}
+    missing = [info for info in inputs if info.name not in present]
+    for info in missing:
+        element = helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
+        present[info.name] = helper.make_tensor_value_info(info.name, element, info.axis_names())
+    if missing:
+        ordered = [present.pop(info.name) for info in inputs if info.name in present]
+        ordered += list(present.values())  # (none: the graph's inputs are the model's)
+        del graph.input[:]
+        graph.input.extend(ordered)
+    return [info.name for info in missing]
