@@ -365,3 +365,70 @@ def test_an_int8_cnn_says_its_convolutions_keep_float32_weights(tmp_path):
     assert report["int8"]["float_convolutions"] == 9
     ops = [node.op_type for node in onnx.load(str(tmp_path / "resnet.int8.onnx")).graph.node]
     assert ops.count("Conv") == 9 and "ConvInteger" not in ops
+
+
+class _TablePositions(keras.layers.Layer):
+    """Adds rows of a table of `rows` positions by gathering them, as
+    keras-hub's PARSeq decoder does: no `sequence_length` says its bound."""
+
+    def __init__(self, rows, **kwargs):
+        super().__init__(**kwargs)
+        self.rows = rows
+
+    def build(self, input_shape):
+        self.table = self.add_weight(shape=(self.rows, input_shape[-1]), name="table")
+
+    def call(self, x):
+        positions = keras.ops.arange(keras.ops.shape(x)[1])
+        return x + keras.ops.take(self.table, positions, axis=0)
+
+
+def _image_and_text(text_rows: int | None):
+    """Image patches with a position table of 16 rows (keras-hub's
+    `PositionEmbedding`, whose `sequence_length` is the images'), prepended
+    to a text that masks its padding and has a table of `text_rows` rows
+    of its own (None: no table, any length)."""
+    keras.utils.set_random_seed(0)
+    pixels = keras.Input((16, 16, 3), name="images")
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    mask = keras.Input((None,), dtype="int32", name="padding_mask")
+    patches = keras.layers.Reshape((16, 48))(
+        keras.layers.Conv2D(48, 4, strides=4, name="patches")(pixels)
+    )
+    patches = keras.layers.Dense(8)(patches)
+    patches = patches + keras_hub.layers.PositionEmbedding(16)(patches)
+    text = keras.layers.Embedding(30, 8)(ids)
+    if text_rows is not None:
+        text = _TablePositions(text_rows)(text)
+    hidden = keras.layers.Concatenate(axis=1)([patches, text])
+    keep = keras.layers.Concatenate(axis=1)(
+        [keras.ops.ones_like(patches[..., 0]), keras.ops.cast(mask, "float32")]
+    )
+    attention = keras.layers.MultiHeadAttention(2, 4)(
+        hidden, hidden, attention_mask=keep[:, None, :] > 0
+    )
+    return keras.Model({"images": pixels, "token_ids": ids, "padding_mask": mask}, attention)
+
+
+def test_an_image_position_table_does_not_bound_the_text(tmp_path):
+    """PaliGemma's vision encoder holds a table of its 16 patches, and its
+    text takes any length: the grid fed 16 tokens at every point, and a file
+    that baked 16 + 16 positions into its Reshapes passed. The table is
+    checked against Keras and set aside; a padded batch of the longer text
+    (64) exercises the mask."""
+    report = export_model(_image_and_text(None), tmp_path / "m.onnx")
+    assert report["passed"]
+    assert any(
+        "positions of layer" in note and "not the text's" in note for note in report["warnings"]
+    )
+    checks = {check["shape"]: check for check in report["checks"]}
+    assert "padded" in checks
+
+
+def test_a_text_table_no_attribute_names_is_found_by_keras_itself(tmp_path):
+    """keras-hub's PARSeq reads a table of 9 positions inside its decoder,
+    which nothing names: the grid fed 16 tokens and Keras itself failed. The
+    longest text Keras runs is searched, said, and the grid keeps within it."""
+    report = export_model(_image_and_text(9), tmp_path / "m.onnx")
+    assert report["passed"]
+    assert any("at most 9 tokens" in note for note in report["warnings"])

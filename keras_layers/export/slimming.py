@@ -100,6 +100,10 @@ PASSES = (
     # First: a decoder's stacked caches, picked apart again, are most of its
     # nodes and of its time per token.
     Step(stacks),
+    # Before onnxslim: given tf2onnx's `unk__N` dims, its shape inference
+    # took a free text length for the fixed image tokens' beside it and
+    # folded 16 + 16 into PaliGemma's Reshapes (a file for 16 tokens only).
+    Step(axis_names),
     # onnxslim and shape inference cannot take a proto past 2 GB.
     Step(onnxslim_pass, _with_onnxslim),
     # What onnxslim folds in the proto, for the weights in the data file too.
@@ -115,7 +119,8 @@ PASSES = (
     Step(rms_norm, _with_onnxslim),
     # After the Dense fusion, which puts each bias Add right after a MatMul.
     Step(gelu),
-    # The symbolic dims of the passes below read the input axes' names.
+    # Again: the symbolic dims of the passes below read the input axes'
+    # names, and the passes above may have renamed an output's.
     Step(axis_names),
     # Before the sharing, which merges the layers' copies of the angle tables.
     Step(rotary, _with_onnxslim),

@@ -187,7 +187,8 @@ def default_shapes(loaded: LoadedModel, int8: bool = False) -> list:
         shapes = [(batch, side) for batch in DEFAULT_BATCHES for side in loaded.image_sides]
         if int8:
             shapes += int8_rows(loaded, shapes, loaded.image_sides)
-        return [*shapes, images.STRUCTURED]
+        # With text that masks its padding (PaliGemma, BLIP-2): a padded batch too.
+        return [*shapes, images.STRUCTURED, *([PADDED] if takes_padding(loaded) else [])]
     fixed = [
         info.shape[1] for info in loaded.inputs if len(info.shape) > 1 and not images.is_image(info)
     ]
@@ -401,6 +402,13 @@ def make_inputs(loaded: LoadedModel, shape, rng, lengths: dict | None = None) ->
         batch, length = 3, _structured_side(loaded)
     else:
         batch, length = shape
+    if lengths is None and shape == PADDED and loaded.image_sides:
+        # The text at its padded length, the images at a side the model takes.
+        side = _structured_side(loaded)
+        lengths = {
+            sequence: full if sequence not in ("height", "width") else side
+            for sequence, full in _sequence_lengths(loaded, length).items()
+        }
     lengths = lengths or _sequence_lengths(loaded, length)
     valid = {}
     for sequence, full in lengths.items():
@@ -614,6 +622,61 @@ def shortest_length(loaded: LoadedModel) -> int:
         return _output_shapes(loaded, {**dict.fromkeys(axes, length), **waves}) is not None
 
     return smallest_accepted(runs, bound) or 1
+
+
+def text_bound(loaded: LoadedModel) -> tuple | None:
+    """The longest text Keras runs a model of images and text on, by Keras
+    itself: a position table found in the model may be the images' (PaliGemma's
+    vision encoder holds one of its 16 patches, and its text takes any
+    length), and a text table may go unfound (keras-hub's PARSeq reads one of
+    `max_label_length + 1` positions inside its decoder). Searched by
+    halving, each image at its smallest side.
+
+    Args:
+        loaded: the loaded model, `image_sides` set.
+
+    Returns:
+        `(max_length, its source, the report's note)` where Keras says
+        otherwise than the table found (`max_length` None: no bound up to
+        the default grid's longest); `None` where the model has no images,
+        a text axis is fixed, or the table found is the text's bound.
+    """
+    if not loaded.image_sides:
+        return None
+    axes = {
+        info.sequence
+        for info in loaded.inputs
+        if info.role != "positions" and not images.is_image(info) and not audio.is_audio(info)
+    } - {audio.AXIS}
+    if not axes or any(_fixed_length(loaded, axis) is not None for axis in axes):
+        return None
+    sides = {
+        axis: loaded.image_sides[0]
+        for info in loaded.inputs
+        if images.is_image(info)
+        for axis in images.free_axes(info)
+    }
+
+    def runs(length: int) -> bool:
+        trial = replace(loaded, max_length=None)
+        return _output_shapes(trial, {**dict.fromkeys(axes, length), **sides}) is not None
+
+    known, source = loaded.max_length, loaded.max_length_source
+    if known is not None and (known >= max(DEFAULT_LENGTHS) or runs(known) and not runs(known + 1)):
+        return None  # the table found is the text's bound
+    not_text = f" (the {known} positions of layer {source!r} are not the text's)" if known else ""
+    accepted, refused = 1, max(DEFAULT_LENGTHS)
+    if not runs(accepted):
+        return None  # none at all, which the grid's own checks say
+    if runs(refused):
+        return (
+            (None, None, "the text takes any length the grid tries" + not_text) if known else None
+        )
+    while refused - accepted > 1:
+        middle = (accepted + refused) // 2
+        accepted, refused = (middle, refused) if runs(middle) else (accepted, middle)
+    note = f"the text takes at most {accepted} tokens: Keras itself fails on {refused}"
+    return accepted, f"Keras fails on {refused} tokens", note + not_text
 
 
 def smallest_accepted(accepts, bound: int) -> int | None:

@@ -49,7 +49,8 @@ class Forward:
         """The model's own inputs, independent sequences on axes of their own
         (`validating.split_sequence_axes`), and its outputs, each axis named
         after the input axis it follows (`validating.name_output_axes`).
-        Sets `loaded.image_sides` (`validating.image_sides`),
+        Sets `loaded.image_sides` (`validating.image_sides`), the text's
+        `loaded.max_length` where Keras says otherwise (`validating.text_bound`),
         `loaded.min_length` (`validating.shortest_length`) and
         `loaded.min_samples` (`validating.fewest_samples`) first, which the
         runs behind both, and the grid, start from; and the default lengths
@@ -63,6 +64,10 @@ class Forward:
             `(inputs, outputs)`.
         """
         loaded.image_sides = validating.image_sides(loaded)
+        bound = validating.text_bound(loaded)
+        if bound is not None:
+            loaded.max_length, loaded.max_length_source, note = bound
+            loaded.notes.append(note)
         loaded.min_length = validating.shortest_length(loaded)
         loaded.min_samples = validating.fewest_samples(loaded)
         loaded.refused_lengths = validating.refused_lengths(loaded)
