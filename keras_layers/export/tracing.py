@@ -27,7 +27,7 @@ from keras_layers.export.compat import patched
 from keras_layers.export.einsums import einsum_layout, explicit_ellipsis
 from keras_layers.export.errors import ConversionError, one_line
 from keras_layers.export.loading import LoadedModel, flatten, unique_variables
-from keras_layers.export.validating import keras_outputs, make_inputs
+from keras_layers.export.validating import keras_outputs, make_inputs, point_label
 
 WEIGHT_PREFIX = "keras_layers.weight_"
 
@@ -275,7 +275,10 @@ def _raise_if_keras_itself_fails(loaded: LoadedModel) -> None:
     generated input, outside any tracing."""
     import numpy as np
 
-    keras_outputs(loaded, make_inputs(loaded, (1, 3), np.random.default_rng(0)), "1x3")
+    # Images at the smallest side the model takes (a BASNet takes none under 32).
+    size = loaded.image_sides[0] if loaded.image_sides else 3
+    feeds = make_inputs(loaded, (1, size), np.random.default_rng(0))
+    keras_outputs(loaded, feeds, point_label(loaded, (1, size)))
 
 
 def trace(loaded: LoadedModel) -> TracedModel:
