@@ -92,7 +92,6 @@ def _from_report(row: dict, report: dict) -> None:
 
 def run_model(entry, folder: Path) -> dict:
     """Build, export and check one model; every outcome is a row, never a crash."""
-    from keras_layers.export import ValidationFailed, export_model
 
     row = {
         "name": entry.name,
@@ -112,6 +111,28 @@ def run_model(entry, folder: Path) -> dict:
     except Exception as error:  # a zoo limitation, not the pipeline's: say so
         return {**row, "status": "not built", "error": _one_line(error)}
     output = folder / f"{entry.name}.onnx"
+    error, _report = export_row(model, output, row)
+    if entry.name.endswith("CausalLM"):
+        row["genai"] = genai_folder(model, folder / f"{entry.name}_folder")
+    if error is None:
+        try:
+            feed = zoo_models.padded_feed(model, width=zoo_models.FEED_WIDTH.get(entry.name))
+            differences = zoo_models.parity(model, output, feed)
+            row["feed_max_abs_diff"] = max(differences.values())
+            if row["feed_max_abs_diff"] > zoo_models.FEED_ATOL:
+                row["status"] = "feed mismatch"
+        except Exception as caught:
+            row["status"] = "feed mismatch"
+            row["error"] = _one_line(caught)
+    return row
+
+
+def export_row(model, output: Path, row: dict) -> tuple:
+    """Export `model` to `output` with the default flags and fill `row`:
+    the export time, the exit status, the status, the error and what the
+    report says. Returns `(error or None, report or None)`."""
+    from keras_layers.export import ValidationFailed, export_model
+
     start = time.perf_counter()
     try:
         report = export_model(model, output)
@@ -126,19 +147,7 @@ def run_model(entry, folder: Path) -> dict:
         row["error"] = _one_line(error)
     if report is not None:
         _from_report(row, report)
-    if entry.name.endswith("CausalLM"):
-        row["genai"] = genai_folder(model, folder / f"{entry.name}_folder")
-    if error is None:
-        try:
-            feed = zoo_models.padded_feed(model, width=zoo_models.FEED_WIDTH.get(entry.name))
-            differences = zoo_models.parity(model, output, feed)
-            row["feed_max_abs_diff"] = max(differences.values())
-            if row["feed_max_abs_diff"] > zoo_models.FEED_ATOL:
-                row["status"] = "feed mismatch"
-        except Exception as caught:
-            row["status"] = "feed mismatch"
-            row["error"] = _one_line(caught)
-    return row
+    return error, report
 
 
 def genai_folder(model, folder: Path) -> dict:
@@ -194,16 +203,25 @@ def _genai_cell(row: dict) -> str:
 
 
 def run(names: list | None = None) -> list:
-    entries = zoo_models.enumerate_zoo()
+    return run_entries(zoo_models.enumerate_zoo(), run_model, names, "the zoo")
+
+
+def run_entries(entries: list, run_one, names: list | None, what: str) -> list:
+    """`run_one(entry, folder)` for each of `entries` (those in `names`, when
+    given), a line printed for each; shared with benchmarks/zoo_vision.py.
+
+    Raises:
+        SystemExit: a name is not among the entries (`what` names them).
+    """
     if names:
         unknown = sorted(set(names) - {entry.name for entry in entries})
         if unknown:
-            raise SystemExit(f"not in the zoo: {', '.join(unknown)}")
+            raise SystemExit(f"not in {what}: {', '.join(unknown)}")
         entries = [entry for entry in entries if entry.name in names]
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for number, entry in enumerate(entries, 1):
-            row = run_model(entry, Path(folder))
+            row = run_one(entry, Path(folder))
             rows.append(row)
             seconds = row.get("export_seconds")
             print(
@@ -223,23 +241,28 @@ def _versions() -> dict:
 
 def save(rows: list, merge: bool) -> dict:
     """Write results/zoo.json; with `merge`, `rows` replace their namesakes."""
+    return save_rows(rows, merge, RESULT, "python benchmarks/zoo.py", zoo_models.FEED_ATOL)
+
+
+def save_rows(rows: list, merge: bool, result: Path, command: str, feed_atol: float) -> dict:
+    """Write `result`; with `merge`, `rows` replace their namesakes in it."""
     import os
     import platform
 
-    if merge and RESULT.exists():
-        previous = json.loads(RESULT.read_text())
+    if merge and result.exists():
+        previous = json.loads(result.read_text())
         fresh = {row["name"]: row for row in rows}
         rows = [fresh.pop(row["name"], row) for row in previous["models"]] + list(fresh.values())
     report = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-        "command": "python benchmarks/zoo.py",
+        "command": command,
         "versions": _versions(),
-        "feed_atol": zoo_models.FEED_ATOL,
+        "feed_atol": feed_atol,
         "models": rows,
     }
     RESULTS.mkdir(exist_ok=True)
-    RESULT.write_text(json.dumps(report, indent=2) + "\n")
+    result.write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
@@ -372,7 +395,7 @@ def write_page(report: dict) -> bool:
     rendered = render(report)
     if page_table(text) == rendered:
         return False
-    PAGE.write_text(rewrite(text, {TABLE: rendered}))
+    PAGE.write_text(rewrite(text, {**page_tables(text), TABLE: rendered}))
     return True
 
 

@@ -291,9 +291,15 @@ def _normalised(name: str) -> str:
     return _SUFFIX.sub("", _PREFIX.sub("", name))
 
 
-def tiny_arguments(cls, given: dict | None = None) -> dict:
-    """Constructor arguments for a tiny `cls`, read off its `__init__`."""
-    extra = {**EXTRA.get(cls.__name__, {}), **(given or {})}
+def tiny_arguments(
+    cls, given: dict | None = None, *, tiny: dict | None = None, extra: dict | None = None
+) -> dict:
+    """Constructor arguments for a tiny `cls`, read off its `__init__`: `given`,
+    then its entry of `extra` (default `EXTRA`), then sizes from `tiny`
+    (default `TINY`). tests/zoo_vision.py passes its own tables."""
+    tiny = TINY if tiny is None else tiny
+    extra = EXTRA if extra is None else extra
+    extra = {**extra.get(cls.__name__, {}), **(given or {})}
     arguments, missing = {}, []
     for parameter in _parameters(cls):
         name = parameter.name
@@ -301,7 +307,7 @@ def tiny_arguments(cls, given: dict | None = None) -> dict:
         if name in extra:
             arguments[name] = extra[name]
             continue
-        value = TINY.get(name, TINY.get(_normalised(name)))
+        value = tiny.get(name, tiny.get(_normalised(name)))
         shrinkable = isinstance(parameter.default, int) and not isinstance(parameter.default, bool)
         if value is not None and (required or shrinkable):
             arguments[name] = value
@@ -336,11 +342,21 @@ def text_input_problem(backbone) -> str | None:
 
 
 def redraw(model, seed: int = SEED):
-    """Every float weight drawn anew from N(0, 0.2); integer state is left alone."""
+    """Every float weight drawn anew from N(0, 0.2); integer state is left alone.
+
+    A BatchNormalization's moving variance is drawn from U(0.5, 1.5) instead: a
+    negative variance would be a square root of it, NaN (the image models of
+    tests/zoo_vision.py have them; no text model does).
+    """
     rng = np.random.default_rng(seed)
     for weight in model.weights:
-        if "float" in str(weight.dtype):
-            weight.assign(rng.normal(0, 0.2, size=weight.shape).astype(weight.dtype))
+        if "float" not in str(weight.dtype):
+            continue
+        if weight.path.endswith("moving_variance"):
+            value = rng.uniform(0.5, 1.5, size=weight.shape)
+        else:
+            value = rng.normal(0, 0.2, size=weight.shape)
+        weight.assign(value.astype(weight.dtype))
     return model
 
 
