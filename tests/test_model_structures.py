@@ -123,6 +123,7 @@ def test_an_input_no_output_reads_stays_an_input_of_the_file(tmp_path):
     model = keras.Model({"token_ids": ids, "images": unread}, logits)
     report = export_model(model, tmp_path / "unread.onnx", ExportOptions(shapes=SHAPES))
     assert report["passed"]
+    assert any("'images': no output of the model reads it" in w for w in report["warnings"])
     graph = onnx.load(str(tmp_path / "unread.onnx")).graph
     assert sorted(value.name for value in graph.input) == ["images", "token_ids"]
     import onnxruntime as ort

@@ -66,6 +66,15 @@ def role_warnings(loaded) -> list[str]:
     return defaulted + list(loaded.notes)
 
 
+def _unread_warnings(slimmed) -> list[str]:
+    """A warning for each input of the model that no output reads: the file
+    declares it so that the model's own feed runs, and reads nothing of it."""
+    return [
+        f"input {name!r}: no output of the model reads it; the file takes it and ignores it"
+        for name in getattr(slimmed, "unread_inputs", [])
+    ]
+
+
 def _weight_accounting(loaded, weights_read: set, slimmed) -> dict:
     """Which of the model's weights the outputs read, and what else the file
     stores.
@@ -183,7 +192,7 @@ def build_report(
         "exported_from_policies": loaded.source_policies,
         "inputs": tensor_entries(loaded.inputs, roles=True),
         "shared_axes": shared_axes(loaded.inputs),
-        "warnings": role_warnings(loaded) + validation.warnings,
+        "warnings": role_warnings(loaded) + _unread_warnings(slimmed) + validation.warnings,
         "outputs": tensor_entries(loaded.outputs),
         **check_entries(validation),
         "graph": _graph_entry(slimmed),

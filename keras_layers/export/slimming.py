@@ -82,6 +82,8 @@ class SlimmedModel:
     half_weights: int = 0
     # Candidates a fusion left alone: {fused op type: {reason: how many}}.
     declined: dict = field(default_factory=dict)
+    # The model's inputs no output reads, declared again (`declare_unread_inputs`).
+    unread_inputs: list = field(default_factory=list)
 
 
 def _with_onnxslim(context: Context) -> bool:
@@ -239,9 +241,10 @@ def slim(
     before = len(proto.graph.node)
     context = _context(proto, inputs, outputs, run_onnxslim, model_name, data_folder, stored_dtype)
     proto, results = run_passes(PASSES, proto, context)
-    declare_unread_inputs(proto, inputs)
+    unread = declare_unread_inputs(proto, inputs)
     return SlimmedModel(
         proto=proto,
+        unread_inputs=unread,
         nodes_before=before,
         nodes_after=len(proto.graph.node),
         seconds=time.perf_counter() - start,
