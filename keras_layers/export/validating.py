@@ -212,6 +212,16 @@ def _default_lengths(loaded: LoadedModel) -> tuple:
     return tuple(sorted({max(min(length, bound), shortest) for length in DEFAULT_LENGTHS}))
 
 
+def _text_axes(loaded: LoadedModel) -> set:
+    """The sequence axes of the inputs that are neither images, audio nor
+    positions (an audio mask's `samples` axis left out)."""
+    return {
+        info.sequence
+        for info in loaded.inputs
+        if info.role != "positions" and not images.is_image(info) and not audio.is_audio(info)
+    } - {audio.AXIS}
+
+
 def refused_lengths(loaded: LoadedModel) -> tuple:
     """The default grid's lengths, past the shortest, that Keras itself
     fails on: keras-hub's SigLIP text encoder adds its whole position table,
@@ -227,11 +237,7 @@ def refused_lengths(loaded: LoadedModel) -> tuple:
     fixed = [i.shape[1] for i in loaded.inputs if len(i.shape) > 1 and not images.is_image(i)]
     if loaded.image_sides or any(size is not None for size in fixed):
         return ()
-    axes = {
-        info.sequence
-        for info in loaded.inputs
-        if info.role != "positions" and not images.is_image(info) and not audio.is_audio(info)
-    }
+    axes = _text_axes(loaded)
     waves = {audio.AXIS: samples_at(loaded, 64)} if loaded.min_samples else {}
     return tuple(
         length
@@ -607,11 +613,7 @@ def shortest_length(loaded: LoadedModel) -> int:
     """
     if loaded.image_sides:
         return loaded.image_sides[0]
-    axes = {
-        info.sequence
-        for info in loaded.inputs
-        if info.role != "positions" and not images.is_image(info) and not audio.is_audio(info)
-    } - {audio.AXIS}
+    axes = _text_axes(loaded)
     if not axes or any(_fixed_length(loaded, axis) is not None for axis in axes):
         return 1
     bound = loaded.max_length or max(DEFAULT_LENGTHS)
@@ -643,11 +645,7 @@ def text_bound(loaded: LoadedModel) -> tuple | None:
     """
     if not loaded.image_sides:
         return None
-    axes = {
-        info.sequence
-        for info in loaded.inputs
-        if info.role != "positions" and not images.is_image(info) and not audio.is_audio(info)
-    } - {audio.AXIS}
+    axes = _text_axes(loaded)
     if not axes or any(_fixed_length(loaded, axis) is not None for axis in axes):
         return None
     sides = {
