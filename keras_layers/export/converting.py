@@ -328,20 +328,6 @@ def _optimizers(optimizer) -> dict:
     }
 
 
-def _read_by(graph_def, outputs: list) -> set:
-    """The names of the nodes of `graph_def` that `outputs` (tensor names)
-    depend on, through data and control inputs, functions' bodies aside."""
-    inputs = {node.name: node.input for node in graph_def.node}
-    seen, stack = set(), [name.split(":")[0] for name in outputs]
-    while stack:
-        name = stack.pop()
-        if name in seen or name not in inputs:
-            continue
-        seen.add(name)
-        stack += [entry.lstrip("^").split(":")[0] for entry in inputs[name]]
-    return seen
-
-
 def _tf2onnx(traced: TracedModel, opset: int, data_path: Path | None):
     import tensorflow as tf
     from tf2onnx import convert, optimizer, tf_loader, tf_utils, tfonnx
@@ -354,12 +340,6 @@ def _tf2onnx(traced: TracedModel, opset: int, data_path: Path | None):
     renames = convert.tensor_names_from_structed(concrete, inputs, outputs)
     with tf.device("/cpu:0"), _grappler_without_placeholder_shapes():
         frozen = tf_loader.from_function(concrete, inputs, outputs, large_model=True)
-    # An input no output reads: tf2onnx refuses to be told of one its
-    # rewriters pruned (keras-hub's Stable Diffusion 3 tasks take `images`
-    # and read them on another path), so it is left out here and
-    # `slimming.declare_unread_inputs` declares it again.
-    read = _read_by(frozen, outputs)
-    inputs = [name for name in inputs if name.split(":")[0] in read]
     with tf.Graph().as_default() as tf_graph:
         constants = tf_utils.compress_graph_def(frozen)
         storage = ExternalTensorStorage()
