@@ -15,7 +15,8 @@ anything else: an internal error), the roles the export gave the inputs, the
 worst difference on the validation grid and on an independent feed
 (`zoo_vision.media_feed`: three rows at sizes the grid did not choose), the
 file's size over the parameter bytes, the node counts, the fused ops and the
-export time.
+export time; for a composite `keras_layers.export.parts` splits, the export
+with `--parts` too, each part's file checked on its own independent feed.
 
 The table between `<!-- table: zoo_vision -->` and `<!-- /table -->` on
 docs/models.md is rendered from results/zoo_vision.json alone. Reading the
@@ -84,7 +85,35 @@ def run_model(entry, folder: Path) -> dict:
         except Exception as caught:
             row["status"] = "feed mismatch"
             row["error"] = zoo._one_line(caught)
+    if entry.name in zoo_vision.PARTS:
+        row["parts"] = _parts_row(model, folder / f"{entry.name}.parts", entry.name)
     return row
+
+
+def _parts_row(model, folder: Path, name: str) -> dict:
+    """The composite exported with `--parts`, each file checked on its own feed."""
+    from keras_layers.export import ExportError
+
+    try:
+        exported = zoo_vision.export_parts(model, folder, name)
+    except ExportError as error:
+        return {"status": f"exit {error.exit_code}: {type(error).__name__}", "error": str(error)}
+    worst = max(exported["feed"].values())
+    passed = exported["report"]["passed"] and worst <= zoo_vision.FEED_ATOL
+    return {
+        "status": "passed" if passed else "feed mismatch",
+        "names": list(exported["feed"]),
+        "feed_max_abs_diff": worst,
+    }
+
+
+def _parts_cell(row: dict) -> str:
+    parts = row.get("parts")
+    if parts is None:
+        return ""
+    if "names" not in parts:
+        return parts["status"]
+    return f"{parts['status']}: {', '.join(parts['names'])} ({parts['feed_max_abs_diff']:.1e})"
 
 
 def run(names: list | None = None) -> list:
@@ -110,6 +139,7 @@ def render(report: dict) -> str:
         "nodes (ours)",
         "fused",
         "export s",
+        "with --parts (independent feed max abs diff)",
         "note",
     ]
     rows = [
@@ -128,13 +158,14 @@ def render(report: dict) -> str:
                 for op, count in row.get("fused", {}).items()
             ),
             zoo._number(row.get("export_seconds"), ".1f"),
+            _parts_cell(row),
             (row["known"] or (row["error"] if row["status"] != "passed" else "") or "").replace(
                 "|", "\\|"
             ),
         ]
         for row in report["models"]
     ]
-    aligned = [False] * 4 + [True] * 5 + [False, True, False]
+    aligned = [False] * 4 + [True] * 5 + [False, True, False, False]
     return markdown_table(header, aligned, rows)
 
 

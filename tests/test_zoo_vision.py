@@ -99,6 +99,23 @@ def test_a_known_failure_fails_with_its_stated_error(name, tmp_path):
     assert f"{type(error).__name__} (exit {error.exit_code})" in KNOWN[name], error
 
 
+@pytest.mark.zoo
+def test_the_classes_with_parts_are_exactly_those_listed():
+    from keras_layers.export.parts import find_parts
+
+    found = [name for name in BUILT if find_parts(zoo_vision.build(name))]
+    assert sorted(found) == sorted(zoo_vision.PARTS)
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("name", zoo_vision.PARTS)
+def test_a_composite_exports_one_proved_file_per_part(name, tmp_path):
+    exported = zoo_vision.export_parts(zoo_vision.build(name), tmp_path / name, name)
+    assert exported["report"]["passed"]
+    for part, difference in exported["feed"].items():
+        assert difference <= zoo_vision.FEED_ATOL, (part, difference)
+
+
 def test_models_page_vision_table_is_rendered_from_its_json():
     from benchmarks import zoo_vision as bench
 

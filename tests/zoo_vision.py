@@ -759,8 +759,8 @@ _SAM3 = (
 _SD3 = (
     "ConversionError (exit 2): tf2onnx's graph rewriters drop the `images` input, then "
     "refuse the input list; the task's Python generation loop (`num_steps`) is no one-file "
-    "export anyway: its parts (text encoders, MMDiT, VAE decoder) as files of their own "
-    "are #43's item 2, not built yet"
+    "export anyway: with --parts its text encoder, diffuser and VAE decoder and encoder "
+    "export and pass as files of their own"
 )
 KNOWN: dict[str, str] = {
     "BASNetBackbone": _BILINEAR,
@@ -774,12 +774,14 @@ KNOWN: dict[str, str] = {
     "SAMBackbone": (
         "ValidationFailed (exit 1): ONNX Runtime refuses the file: inside the `If` of "
         "the prompt encoder (a mask prompt or none), tf2onnx's Conv handler fails (no "
-        "kernel shape) and the branch's nodes are left out of order"
+        "kernel shape) and the branch's nodes are left out of order; with --parts its "
+        "image encoder and prompt encoder (no mask prompt) export and pass"
     ),
     "SAMImageSegmenter": (
         "UsageError (exit 2): its `masks` prompt is declared (None, None, None, None, 1) "
         "and the export's width search finds no size it runs at; the message says to "
-        "declare it"
+        "declare it; with --parts its image encoder and prompt decoder (no mask prompt) "
+        "export and pass"
     ),
     "SAM3PromptableConceptBackbone": _SAM3,
     "SAM3PromptableConceptImageSegmenter": _SAM3,
@@ -788,3 +790,37 @@ KNOWN: dict[str, str] = {
     "StableDiffusion3Inpaint": _SD3,
     "StableDiffusion3TextToImage": _SD3,
 }
+
+# The composites `keras_layers.export.parts` splits (`--parts`): two towers,
+# SAM, Stable Diffusion 3 (tests/test_zoo_vision.py checks that these are
+# exactly the zoo's classes it finds parts in).
+PARTS = (
+    "CLIPBackbone",
+    "MetaCLIP2Backbone",
+    "SAMBackbone",
+    "SAMImageSegmenter",
+    "SigLIPBackbone",
+    "StableDiffusion3Backbone",
+    "StableDiffusion3ImageToImage",
+    "StableDiffusion3Inpaint",
+    "StableDiffusion3TextToImage",
+)
+
+
+def export_parts(model, folder, name: str | None = None) -> dict:
+    """Export `model` with `--parts` into `folder`, then check each part's file
+    on its own independent feed (`media_feed` as for the zoo's `name`, `parity`).
+
+    Returns:
+        `{"report": the export's report, "feed": part name -> the largest
+        difference on its feed}`; export errors propagate.
+    """
+    from keras_layers.export import ExportOptions, export_model
+    from keras_layers.export.parts import find_parts
+
+    report = export_model(model, f"{folder}/", ExportOptions(parts=True))
+    feed = {}
+    for part in find_parts(model):
+        path = folder / f"{part.name}.onnx"
+        feed[part.name] = max(parity(part.model, path, media_feed(part.model, name)).values())
+    return {"report": report, "feed": feed}

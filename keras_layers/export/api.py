@@ -6,6 +6,9 @@ The stages of each kind live in their own module; this one only picks:
   image converter, decoded images in (`image_model.export_image_model`), or
   a text task with its preprocessor, strings in
   (`text_model.export_text_model`);
+- `ExportOptions(parts=True)`: a composite (two towers, a promptable
+  segmenter, latent diffusion) as one proved file per part in a folder
+  (`parts.export_parts`);
 - `task="causal-lm"` with a folder output (`"FOLDER/"`, or an existing
   folder): the folder onnxruntime-genai runs (`genai_folder.export_folder`);
 - anything else: the pipeline (`pipeline.export_model`), a file with token
@@ -15,7 +18,7 @@ The stages of each kind live in their own module; this one only picks:
 import os
 from collections.abc import Callable
 
-from keras_layers.export import genai_folder, image_model, loading, pipeline, text_model
+from keras_layers.export import genai_folder, image_model, loading, parts, pipeline, text_model
 from keras_layers.export.errors import UsageError, argument
 from keras_layers.export.options import ExportOptions
 
@@ -36,7 +39,8 @@ def export_model(
         output: the ONNX file to write; with `task="causal-lm"`, a folder
             (`"FOLDER/"` or an existing folder) writes the folder
             onnxruntime-genai runs, and a path with neither a suffix nor a
-            final separator is refused as ambiguous.
+            final separator is refused as ambiguous; with
+            `ExportOptions(parts=True)`, the folder of the parts' files.
         options: an `ExportOptions` (default: every default);
             `preprocessor=True` exports a keras-hub text task with its
             preprocessor as one file that takes strings; the folder's
@@ -59,6 +63,14 @@ def export_model(
             disagree; nothing at the output paths was changed.
     """
     options = pipeline.checked_options(options)
+    if options.parts:
+        if task != "forward":
+            raise UsageError(
+                f"{argument('parts', True)}: one file per part is a forward export; leave "
+                f"task {task!r} out"
+            )
+        genai_folder.refuse_folder_options(options, task, output)
+        return parts.export_parts(model, output, options, progress=progress)
     genai_folder.refuse_folder_options(options, task, output)
     if options.channels_first and task != "forward":
         raise UsageError(

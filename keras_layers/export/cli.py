@@ -46,6 +46,7 @@ FLAGS = {
     "onnx_path": "FILE.onnx",
     "preprocessor": "--with-preprocessor",
     "channels_first": "--channels-first",
+    "parts": "--parts",
     "text_pairs": "--text-pairs",
     "sampler": "--sampler",
     "top_k": "--top-k",
@@ -253,6 +254,13 @@ def _add_conversion(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the file takes the model's NHWC images as NCHW (batch, channels, height, "
         "width), as optimum's vision files do",
+    )
+    p.add_argument(
+        "--parts",
+        action="store_true",
+        help="a composite as one file per part in -o FOLDER/, each checked against Keras: "
+        "two towers (CLIP, SigLIP: vision_embedder, text_embedder), SAM (image_encoder, "
+        "prompt_decoder), Stable Diffusion 3 (text encoders, diffuser, vae_decoder)",
     )
     p.add_argument(
         "--task",
@@ -562,6 +570,13 @@ def _check_folder_output(args) -> None:
 
     if args.output == "":
         raise UsageError("-o '': an empty path; give a file OUT.onnx (or FOLDER/ for a decoder)")
+    if args.parts:
+        if args.output is None or not is_folder(args.output):
+            raise UsageError(
+                f"--parts writes one file per part into a folder: give -o FOLDER/ (not "
+                f"{args.output or 'a file beside the model'})"
+            )
+        return
     if args.output is not None and is_folder(args.output) and args.task != "causal-lm":
         raise UsageError(
             f"-o {args.output}: is a directory; a folder is written only for --task causal-lm "
@@ -694,6 +709,7 @@ def _check_only(args, demo_dir: Path, console) -> tuple[dict, float]:
         (args.output is not None, f"-o {args.output}", "it writes no ONNX file; leave -o out"),
         (args.quantize is not None, f"--quantize {args.quantize}", "leave --quantize out"),
         (args.retrain, "--retrain", "leave --retrain out"),
+        (args.parts, "--parts", "leave it out; check a part's file against that part's model"),
         (
             args.model is None or args.onnx_path is None,
             "FILE.onnx",
@@ -735,6 +751,12 @@ def _print_passed(report: dict, seconds: float, verbose: bool, console) -> None:
         render_streamed,
     )
 
+    if "parts" in report:
+        for name, part in report["parts"].items():
+            console.print(f"[bold]{escape(name)}[/]: {escape(part['what'])}")
+            _print_passed(part, sum(part["stage_seconds"].values()), verbose, console)
+        console.print(f"Report of the parts: {escape(report['report_path'])}")
+        return
     if "streamed" in report:
         render_streamed(report, console)
         console.print(

@@ -130,10 +130,13 @@ class ValidationFailed(ExportError):
 
     Attributes:
         report: the report dict of the failed export (also written to disk).
+        reason: what failed, without where the files went (the message
+            whole when it says no more).
     """
 
     exit_code = 1
 
-    def __init__(self, message: str, report: dict | None = None):
+    def __init__(self, message: str, report: dict | None = None, reason: str | None = None):
         super().__init__(message)
         self.report = report
+        self.reason = reason or message

@@ -292,13 +292,14 @@ def probe(model, inputs, structure: str, max_length=None, sizes=(), widths=None)
             object.__delattr__(layer, "call")
     if feeds is None:
         return Probe(None, [], failures)
-    found, tables = _readers(seen, feeds)
+    found, tables = _readers(seen, feeds, size[1])
     return Probe(found, tables, failures, size)
 
 
-def _readers(seen: list, feeds: dict) -> tuple[dict, list]:
+def _readers(seen: list, feeds: dict, length: int) -> tuple[dict, list]:
     """Each input's `Probed` and the position tables, from what every layer
-    received (`seen`: `(layer, first argument)`) when fed `feeds`."""
+    received (`seen`: `(layer, first argument)`) when fed `feeds` of
+    `length` tokens."""
     import numpy as np
 
     patterns = {name: value.astype("int64") for name, value in feeds.items()}
@@ -309,7 +310,7 @@ def _readers(seen: list, feeds: dict) -> tuple[dict, list]:
             value = np.asarray(received)
         except Exception:  # noqa: BLE001 - not a tensor (a list, a dict)
             continue
-        if _reads_positions(layer, value) and (layer.name, layer.input_dim) not in tables:
+        if _reads_positions(layer, value, length) and (layer.name, layer.input_dim) not in tables:
             tables.append((layer.name, int(layer.input_dim)))
         for name, pattern in patterns.items():
             if value.shape != pattern.shape or not np.array_equal(value, pattern):
@@ -403,13 +404,17 @@ def _shape_text(shape) -> str:
     return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ")"
 
 
-def _reads_positions(layer, value) -> bool:
-    """Whether an embedding received positions 0, 1, 2, ... (more than 2)."""
+def _reads_positions(layer, value, length: int) -> bool:
+    """Whether an embedding received positions 0, 1, ..., `length` - 1: as
+    many as the probe's tokens (more than 2), so that the table bounds the
+    text. A constant `arange` of another count (SAM's four mask tokens) is
+    a table of its own, not of positions."""
     import numpy as np
 
     if not isinstance(getattr(layer, "input_dim", None), int) or value.ndim == 0:
         return False
-    length = value.shape[-1]
+    if value.shape[-1] != length:
+        return False
     rows = value.reshape(-1, length) if value.size else value
     return length > 2 and bool(np.all(rows == np.arange(length)))
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import keras_layers
-from keras_layers.export import audio, compat, images, lean_loading
+from keras_layers.export import audio, compat, images, lean_loading, prompts
 from keras_layers.export import inputs as inputs_module
 from keras_layers.export.errors import ModelLoadError, UsageError, argument, fix
 
@@ -1088,11 +1088,15 @@ def _symbolic_input(shape, embeds: bool, name: str):
 # The probe's waveform length: long enough for the strided convolutions of
 # speech models (Moonshine takes 384 samples at least).
 _PROBE_SAMPLES = 4096
+# The probe's points and boxes a row.
+_PROBE_PROMPTS = 4
 
 
 def _probe_size(info) -> tuple:
     """Every size after the batch that the role probe feeds an image (a side
-    of 32) or a waveform (`_PROBE_SAMPLES`)."""
+    of 32), a waveform (`_PROBE_SAMPLES`) or prompts (`_PROBE_PROMPTS`)."""
+    if prompts.is_prompt(info):
+        return (_PROBE_PROMPTS, *info.shape[2:])
     if audio.is_audio(info):
         return (_PROBE_SAMPLES, *info.shape[2:])
     return tuple(images.dims(info, 1, 32)[1:])
@@ -1124,7 +1128,8 @@ def _describe(model, sizes=()):
     pictures = {
         name: found
         for (name, shape, dtype), (_, tensor) in zip(specs, named, strict=True)
-        if (found := images.describe(model, name, shape, dtype, tensor))
+        if (found := prompts.describe(model, name, shape, dtype))
+        or (found := images.describe(model, name, shape, dtype, tensor))
         or (found := audio.describe(model, name, shape, dtype, tensor))
     }
     # The probes draw images at one square side and waveforms at one length;

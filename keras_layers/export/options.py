@@ -126,6 +126,9 @@ class ExportOptions:
             (`pixel_values`, as optimum's vision files and tf2onnx's
             `--inputs-as-nchw` take them): one Transpose in front of the
             model, which the slim stage cancels against the first Conv's.
+        parts: a composite model (two towers, a promptable segmenter, latent
+            diffusion: `keras_layers.export.parts`) as one file per part in
+            a folder, each proved on its own.
 
     Raises:
         UsageError: a setting is out of range or malformed (on creation).
@@ -163,6 +166,7 @@ class ExportOptions:
     preprocessor: bool = False
     text_pairs: bool = False
     channels_first: bool = False
+    parts: bool = False
 
     def __post_init__(self) -> None:
         _set = object.__setattr__  # the one place a frozen field is normalised
@@ -191,7 +195,7 @@ class ExportOptions:
         imports = (self.imports,) if isinstance(self.imports, str) else tuple(self.imports)
         _set(self, "imports", imports)
         _set(self, "input_roles", _input_roles(self.input_roles))
-        for name in ("preprocessor", "text_pairs", "channels_first"):
+        for name in ("preprocessor", "text_pairs", "channels_first", "parts"):
             if not isinstance(getattr(self, name), bool):
                 raise UsageError(f"{argument(name, getattr(self, name))}: give True or False")
         if self.channels_first and self.preprocessor:
@@ -199,6 +203,11 @@ class ExportOptions:
                 f"{argument('channels_first', True)}: not taken with preprocessor=True (its "
                 "file takes decoded images, height x width x channels, as decoders give them); "
                 "leave one out"
+            )
+        if self.parts and self.preprocessor:
+            raise UsageError(
+                f"{argument('parts', True)}: not taken with preprocessor=True; export the parts "
+                "without the preprocessor"
             )
         if self.text_pairs and not self.preprocessor:
             raise UsageError(

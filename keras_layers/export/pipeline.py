@@ -171,17 +171,21 @@ def _signals_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _failure_message(report: dict, validation, targets, final) -> str:
+def _failure(report: dict, validation, targets, final) -> ValidationFailed:
     kept = f"The new file was kept as {final.onnx}; {targets.onnx} was left untouched."
     if not validation.passed:
-        return f"validation failed: {validation.failure()}. {kept} Report: {final.report}"
+        reason = f"validation failed: {validation.failure()}"
+        return ValidationFailed(f"{reason}. {kept} Report: {final.report}", report, reason)
     int8 = report["int8"]
     detail = int8["failure"] or "the int8 file passes its gates"
     if int8["evaluation"] is not None and not int8["evaluation"]["passed"]:
         detail += f"; {int8['evaluation'].get('summary', 'the task-level check failed')}"
-    return (
-        f"int8 validation failed: {detail}. Nothing was placed at the output paths; "
-        f"the files were kept as {final.onnx} and {final.int8}. Report: {final.report}"
+    reason = f"int8 validation failed: {detail}"
+    return ValidationFailed(
+        f"{reason}. Nothing was placed at the output paths; the files were kept as "
+        f"{final.onnx} and {final.int8}. Report: {final.report}",
+        report,
+        reason,
     )
 
 
@@ -263,7 +267,7 @@ def export_model(
             if passed:
                 placement.remove_failed(targets)
     if not passed:
-        raise ValidationFailed(_failure_message(report, validation, targets, final), report)
+        raise _failure(report, validation, targets, final)
     return report
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from keras_layers.export import audio, images
+from keras_layers.export import audio, images, prompts
 from keras_layers.export.errors import UsageError, argument, fix, one_line
 from keras_layers.export.loading import LoadedModel, flatten
 
@@ -190,10 +190,14 @@ def default_shapes(loaded: LoadedModel, int8: bool = False) -> list:
         # With text that masks its padding (PaliGemma, BLIP-2): a padded batch too.
         return [*shapes, images.STRUCTURED, *([PADDED] if takes_padding(loaded) else [])]
     fixed = [
-        info.shape[1] for info in loaded.inputs if len(info.shape) > 1 and not images.is_image(info)
+        info.shape[1]
+        for info in loaded.inputs
+        if len(info.shape) > 1 and not images.is_image(info) and not prompts.is_prompt(info)
     ]
     fixed = [size for size in fixed if size is not None]
-    if fixed:
+    # A prompt's count is free beside fixed inputs (SAM's decoder beside its
+    # image embeddings): the grid's lengths are the counts.
+    if fixed and not any(prompts.is_prompt(info) for info in loaded.inputs):
         lengths = (fixed[0],)
     else:
         lengths = tuple(n for n in _default_lengths(loaded) if n not in loaded.refused_lengths)
@@ -213,12 +217,15 @@ def _default_lengths(loaded: LoadedModel) -> tuple:
 
 
 def _text_axes(loaded: LoadedModel) -> set:
-    """The sequence axes of the inputs that are neither images, audio nor
-    positions (an audio mask's `samples` axis left out)."""
+    """The sequence axes of the inputs that are neither images, audio,
+    prompts nor positions (an audio mask's `samples` axis left out)."""
     return {
         info.sequence
         for info in loaded.inputs
-        if info.role != "positions" and not images.is_image(info) and not audio.is_audio(info)
+        if info.role != "positions"
+        and not images.is_image(info)
+        and not audio.is_audio(info)
+        and not prompts.is_prompt(info)
     } - {audio.AXIS}
 
 
@@ -433,33 +440,48 @@ def make_inputs(loaded: LoadedModel, shape, rng, lengths: dict | None = None) ->
         if audio.is_audio(info):
             feeds[info.name] = audio.draw(info, batch, lengths[audio.AXIS], rng)
             continue
+        if prompts.is_prompt(info):
+            count = info.shape[1] or lengths.get(info.sequence, length)
+            feeds[info.name] = prompts.draw(info, batch, count, rng)
+            continue
         mask = valid.get(info.sequence, next(iter(valid.values()), np.ones((batch, 1), bool)))
-        full = mask.shape[1]
-        if info.role == "positions":
-            count = info.shape[1] if len(info.shape) > 1 and info.shape[1] else max(1, full // 4)
-            true = mask.sum(axis=1, keepdims=True)
-            value = (rng.random((batch, count)) * true).astype("int64")
-        else:
-            trailing = info.widths or [d or 1 for d in info.shape[2:]]
-            dims = [batch, full, *trailing][: len(info.shape)]
-            if info.is_padding_mask:
-                value = mask
-            elif info.role == "token_positions":
-                value = np.broadcast_to(np.arange(full), (batch, full))
-            elif info.role == "ids" or _is_integer(info.dtype):
-                vocabulary = info.vocabulary or 2
-                low = 1 if info.masks_zero else 0
-                value = rng.integers(low, max(vocabulary, low + 1), size=dims)
-                if info.masks_zero:
-                    value = np.where(mask.reshape(mask.shape + (1,) * (len(dims) - 2)), value, 0)
-            elif info.dtype == "bool":
-                value = rng.random(dims) < 0.5
-            else:
-                value = rng.standard_normal(dims)
-                if info.masks_zero:  # padding frames are all zeros
-                    value = np.where(mask.reshape(mask.shape + (1,) * (len(dims) - 2)), value, 0)
-        feeds[info.name] = np.asarray(value).astype(info.dtype)
+        feeds[info.name] = _draw_along(info, mask, rng)
     return feeds
+
+
+def _draw_along(info, mask: np.ndarray, rng) -> np.ndarray:
+    """One input of a text-like role along its sequence, whose valid
+    positions are `mask` `(batch, length)`."""
+    batch = mask.shape[0]
+    fixed = info.shape[1] if len(info.shape) > 1 else None
+    if info.role == "features" and fixed not in (None, mask.shape[1]):
+        # Axis 1 of features fixed at another size than the sequence's (a
+        # pooled embedding's width beside a sequence of them): no sequence.
+        mask = np.ones((batch, fixed), bool)
+    full = mask.shape[1]
+    if info.role == "positions":
+        count = info.shape[1] if len(info.shape) > 1 and info.shape[1] else max(1, full // 4)
+        true = mask.sum(axis=1, keepdims=True)
+        return (rng.random((batch, count)) * true).astype("int64").astype(info.dtype)
+    trailing = info.widths or [d or 1 for d in info.shape[2:]]
+    dims = [batch, full, *trailing][: len(info.shape)]
+    if info.is_padding_mask:
+        value = mask
+    elif info.role == "token_positions":
+        value = np.broadcast_to(np.arange(full), (batch, full))
+    elif info.role == "ids" or _is_integer(info.dtype):
+        vocabulary = info.vocabulary or 2
+        low = 1 if info.masks_zero else 0
+        value = rng.integers(low, max(vocabulary, low + 1), size=dims)
+        if info.masks_zero:
+            value = np.where(mask.reshape(mask.shape + (1,) * (len(dims) - 2)), value, 0)
+    elif info.dtype == "bool":
+        value = rng.random(dims) < 0.5
+    else:
+        value = rng.standard_normal(dims)
+        if info.masks_zero:  # padding frames are all zeros
+            value = np.where(mask.reshape(mask.shape + (1,) * (len(dims) - 2)), value, 0)
+    return np.asarray(value).astype(info.dtype)
 
 
 def samples_at(loaded: LoadedModel, length: int) -> int:
