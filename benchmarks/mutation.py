@@ -176,6 +176,43 @@ register(
 register("masked_lstm", _masked_lstm, "Embedding(mask_zero=True) -> LSTM -> Dense")
 
 
+def _vision(name: str) -> Callable[[], object]:
+    """A builder of the tiny keras-hub model `name` of tests/zoo_vision.py."""
+
+    def build():
+        import zoo_vision
+
+        return zoo_vision.build(name)
+
+    return build
+
+
+def _sam_prompt_decoder():
+    import zoo_vision
+
+    from keras_layers.export.parts import find_parts
+
+    return find_parts(zoo_vision.build("SAMImageSegmenter"))[1].model
+
+
+for _name, _what in (
+    ("ResNetImageClassifier", "a ResNet classifier (Conv, BatchNorm, pooling)"),
+    ("ViTImageClassifier", "a ViT classifier (patches, attention)"),
+    ("SegFormerImageSegmenter", "a SegFormer segmenter (a MiT pyramid, per-pixel classes)"),
+    ("DeepLabV3ImageSegmenter", "a DeepLabV3 segmenter on a ResNet (atrous Conv, upsampling)"),
+    ("RetinaNetObjectDetector", "a RetinaNet detector on a ResNet (raw boxes and classes)"),
+    ("CLIPBackbone", "CLIP (an image tower and a text tower, their logits)"),
+    ("MoonshineBackbone", "Moonshine's speech encoder (waveform in, strided Conv1D)"),
+    ("WhisperBackbone", "Whisper (log-mel frames in, an encoder-decoder)"),
+):
+    register(f"vision/{_name}", _vision(_name), f"keras-hub, tiny: {_what}")
+register(
+    "vision/SAM_prompt_decoder",
+    _sam_prompt_decoder,
+    "keras-hub SAM's prompt decoder (`--parts`): image embeddings, points, labels, boxes",
+)
+
+
 # --- one model -----------------------------------------------------------------------------
 
 

@@ -652,6 +652,11 @@ EQUIVALENT = {
     ("conformance/timeseries_classification_transformer", mutation): _WIDTH_1
     for mutation in ("weight_scaled", "layernorm_epsilon", "attention_scale_dropped", "head_zeroed")
 }
+EQUIVALENT[("vision/CLIPBackbone", "late_weight_scaled")] = (
+    "equivalent: the product nearest CLIP's outputs is a tower's projection, and its head "
+    "divides each projected embedding by its norm before the logits, which takes a uniform "
+    "x 1.01 back"
+)
 # Mutants validation passes today, with the difference it saw against its
 # bound (benchmarks/results/mutation.json), strict so that a validator that
 # fails one says so here. None of the text models' since the tolerances moved
@@ -661,9 +666,26 @@ EQUIVALENT = {
 # near-constant image of +-0.004, and its one sigmoid unit is compared as a
 # value near 0.5, its atol scaled by that 0.5 rather than by the spread of
 # its logits: each mutant moves the output less than half the bound.
-# Mutants validation passes today, with why: none (the two of the image
-# classifier from scratch are failed since outputs are scaled by their spread).
-SURVIVORS: dict[tuple[str, str], str] = {}
+# Mutants validation passes today, with why. The text models have none (the
+# two of the image classifier from scratch are failed since outputs are
+# scaled by their spread). Three of the tiny keras-hub vision models'
+# change their outputs by more than the file's own rounding (150-200x) but
+# less than the tolerance, 1e-4 of the output's spread: a 1% change deep in
+# a small random network reaches its outputs as 1e-5 of their spread. The
+# same models' late weight (x 1.01 nearest an output) and channel swaps are
+# failed. benchmarks/results/mutation.json holds each one's figures.
+_BELOW_TOLERANCE = (
+    "survives: moves the outputs {0} of their spread (tolerance 1e-4); the unmutated file's "
+    "own rounding is 1.5e-8 to 3e-8"
+)
+SURVIVORS: dict[tuple[str, str], str] = {
+    ("vision/ResNetImageClassifier", "weight_scaled"): _BELOW_TOLERANCE.format("1.7e-5"),
+    ("vision/SegFormerImageSegmenter", "weight_scaled"): _BELOW_TOLERANCE.format("4.1e-5"),
+    ("vision/SegFormerImageSegmenter", "attention_scale_dropped"): _BELOW_TOLERANCE.format(
+        "2.6e-5: random weights leave the attention logits small, so the softmax is near "
+        "uniform with or without the scale,"
+    ),
+}
 
 
 def _registry():
