@@ -525,8 +525,9 @@ def _takes(cls, name: str) -> bool:
     return name in inspect.signature(cls.__init__).parameters
 
 
-def build(name: str):
-    """The tiny model `name`, weights redrawn.
+def build(name: str, redrawn: bool = True):
+    """The tiny model `name`, weights redrawn (or, not `redrawn`, as Keras
+    initialises them: a detector's box deltas then stay small enough to decode).
 
     Raises:
         NotBuilt: `NOT_BUILT` names why the class has no tiny model.
@@ -547,7 +548,7 @@ def build(name: str):
         backbone = EXTRA.get(name, {}).get("backbone", Part(entry.backbone))
         given["backbone"] = construct(_class(backbone.cls), backbone.arguments)
         model = construct(entry.cls, given)
-    return zoo_models.redraw(model)
+    return zoo_models.redraw(model) if redrawn else model
 
 
 # --- what the model reads ------------------------------------------------------

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from keras_layers.export import audio, images, prompts
+from keras_layers.export import audio, detections, images, prompts
 from keras_layers.export.errors import UsageError, argument, fix, one_line
 from keras_layers.export.loading import LoadedModel, flatten
 
@@ -537,13 +537,27 @@ def accepts_side(loaded: LoadedModel, side: int) -> bool:
 
     Returns:
         Keras runs the model on them, and every output is non-empty and
-        finite (a DenseNet pools a 1x1 image's empty map into NaN).
+        finite (a DenseNet pools a 1x1 image's empty map into NaN); a
+        detector's own decoding runs on them too (RetinaNet's anchors for a
+        1x1 image are fewer than its outputs' rows).
     """
     axes = {axis for info in loaded.inputs if images.is_image(info) for axis in info.axes}
-    outputs = _keras_at(loaded, dict.fromkeys(axes & {"height", "width"}, side))
+    lengths = dict.fromkeys(axes & {"height", "width"}, side)
+    outputs = _keras_at(loaded, lengths)
     if outputs is None:
         return False
-    return all(value.size and np.isfinite(value).all() for value in outputs.values())
+    if not all(value.size and np.isfinite(value).all() for value in outputs.values()):
+        return False
+    decode = detections.decoder(loaded.model) if loaded.model is not None else None
+    if decode is None:
+        return True
+    feeds = make_inputs(loaded, (2, 1), np.random.default_rng(SEED), lengths)
+    picture = next(info.name for info in loaded.inputs if images.is_image(info))
+    try:
+        decode(outputs, feeds[picture])
+    except Exception:  # noqa: BLE001 - the model's own decoding refuses the size
+        return False
+    return True
 
 
 def image_sides(loaded: LoadedModel) -> tuple:
@@ -1490,6 +1504,21 @@ def _file_outputs(session, feeds: dict, names: dict) -> dict:
     return dict(zip(outputs, session.run(None, fed), strict=True))
 
 
+def _point_checks(loaded, label: str, feeds: dict, expected: dict, got: dict, tolerances, pool):
+    """One check per output at one grid point; an int8 file's outputs also
+    go to its `pool`, whose gates judge them (a check then fails on a
+    problem alone)."""
+    atol, rtol, allow_nonfinite = tolerances
+    valid, checks = _valid_positions(loaded, feeds), []
+    for name, value in expected.items():
+        check = compare(label, name, got.get(name), value, atol, rtol, valid, allow_nonfinite)
+        if pool is not None:
+            pool.add(check, got.get(name), value)
+            check.passed = check.problem is None
+        checks.append(check)
+    return checks
+
+
 def validate(
     loaded: LoadedModel,
     onnx_path,
@@ -1503,6 +1532,7 @@ def validate(
     references: list[Reference] | None = None,
     min_top1: float = INT8_MIN_TOP1,
     file_names: dict | None = None,
+    decode: Callable | None = None,
 ) -> Validation:
     """Run ONNX Runtime and Keras on the same inputs over the grid.
 
@@ -1525,6 +1555,9 @@ def validate(
             over the same grid); the model is not run again.
         min_top1: the int8 gate's pooled top-1 agreement (`INT8_MIN_TOP1`).
         file_names: the file's own names where they differ (`_file_outputs`).
+        decode: `decode(label, feeds, keras_outputs, file_outputs)`, the
+            fields of one more `Check` per grid point on what both sides
+            decode to (a detector's detections: `detections.checker`).
 
     Returns:
         One `Check` per output and grid point; `passed` when all pass.
@@ -1541,7 +1574,7 @@ def validate(
         result.error = session
         return result
     grid = shapes or default_shapes(loaded)
-    pool = _Pool()
+    pool = _Pool() if quantized else None
     if references is None:
         references = keras_references(loaded, grid)  # one point held at a time
     for done, reference in enumerate(references, start=1):
@@ -1554,17 +1587,14 @@ def validate(
             where = point_label(loaded, shape)
             result.error = f"ONNX Runtime fails on the {where} input: {one_line(str(error), 300)}"
             return result
-        valid, label = _valid_positions(loaded, feeds), point_label(loaded, shape)
-        for name, value in expected.items():
-            got_value = got.get(name)
-            check = compare(label, name, got_value, value, atol, rtol, valid, allow_nonfinite)
-            if quantized:
-                pool.add(check, got.get(name), value)
-                check.passed = check.problem is None  # the gates judge the rest
-            result.checks.append(check)
+        label = point_label(loaded, shape)
+        tolerances = (atol, rtol, allow_nonfinite)
+        result.checks += _point_checks(loaded, label, feeds, expected, got, tolerances, pool)
+        if decode is not None:  # what a user of the detector gets, both sides decoded
+            result.checks.append(Check(**decode(label, feeds, expected, got)))
         if on_step:
             on_step(done, len(grid))
-    if quantized:
+    if pool is not None:
         result.gates = pool.gates(min_top1, INT8_MIN_TOKENS)
     result.seconds = time.perf_counter() - start
     return result

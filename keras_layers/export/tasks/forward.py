@@ -9,7 +9,7 @@ masks padding (`validating`).
 from dataclasses import replace
 from pathlib import Path
 
-from keras_layers.export import tracing, validating
+from keras_layers.export import detections, tracing, validating
 from keras_layers.export.errors import UsageError, argument
 from keras_layers.export.loading import LoadedModel
 from keras_layers.export.options import ExportOptions
@@ -115,7 +115,8 @@ class Forward:
         return list(validating.keras_references(loaded, grid)) if ahead else None
 
     def validate(self, loaded: LoadedModel, onnx_path: Path, checks: Checks) -> Validation:
-        """`validating.validate` over the grid.
+        """`validating.validate` over the grid; a detector's detections too,
+        both sides decoded by its own decoder (`detections`).
 
         Args:
             loaded: the loaded model.
@@ -125,12 +126,13 @@ class Forward:
         Returns:
             One check per output and grid point.
         """
+        atol, rtol = checks.atol, checks.rtol
         return validating.validate(
             loaded,
             onnx_path,
             checks.grid,
-            checks.atol,
-            checks.rtol,
+            atol,
+            rtol,
             checks.on_step,
             quantized=checks.quantized,
             allow_nonfinite=checks.allow_nonfinite,
@@ -138,4 +140,5 @@ class Forward:
             references=checks.references,
             min_top1=checks.min_top1,
             file_names=checks.file_names,
+            decode=None if checks.quantized else detections.checker(loaded, atol, rtol),
         )
