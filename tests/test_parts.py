@@ -246,3 +246,14 @@ def test_sams_four_mask_tokens_are_no_position_table_bounding_the_prompts(sam):
     counts = {c["shape"].split("x")[1] for c in report["parts"]["prompt_decoder"]["checks"]}
     assert {"64", "256"} <= counts
     assert max(length for _, length in validating.default_shapes(loaded)) == 256
+
+
+def test_a_folder_re_exported_from_another_composite_holds_only_the_new_parts(sam, tmp_path):
+    model, _, _ = sam
+    folder = tmp_path / "parts"
+    export_model(model, f"{folder}/", ExportOptions(parts=True))
+    (folder / "notes.txt").write_text("mine")
+    export_model(zoo_vision.build("CLIPBackbone"), f"{folder}/", ExportOptions(parts=True))
+    assert _files(folder) == sorted(["notes.txt", *TOWERS])
+    report = json.loads((folder / "report.json").read_text())
+    assert list(report["parts"]) == ["vision_embedder", "text_embedder"]
