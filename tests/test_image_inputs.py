@@ -358,13 +358,58 @@ def test_channels_first_is_refused_where_it_cannot_apply(tmp_path):
         )
 
 
-def test_an_int8_cnn_says_its_convolutions_keep_float32_weights(tmp_path):
+def _timed(speedup: float):
+    """`quantizing.latency` as if the int8 file ran at `speedup` x float32's speed."""
+
+    def latency(float_path, int8_path, feeds, rounds=7):
+        assert float_path.exists() and int8_path.exists() and feeds
+        return {
+            "float32_ms": 10.0,
+            "int8_ms": round(10.0 / speedup, 3),
+            "speedup": speedup,
+            "rounds": rounds,
+            "shape": {k: list(v.shape) for k, v in feeds.items()},
+        }
+
+    return latency
+
+
+def test_an_int8_cnn_says_its_convolutions_keep_float32_weights(tmp_path, monkeypatch):
     """int8 quantizes MatMul and Gather weights only: a CNN's file quantizes
     its classifier head, and the report counts the convolutions left float."""
+    from keras_layers.export import quantizing
+
+    monkeypatch.setattr(quantizing, "latency", _timed(1.25))
     report = export_model(_resnet(), tmp_path / "resnet.onnx", ExportOptions(quantize="int8"))
     assert report["int8"]["float_convolutions"] == 9
+    assert report["int8"]["kept"] and report["int8"]["latency"]["speedup"] == 1.25
     ops = [node.op_type for node in onnx.load(str(tmp_path / "resnet.int8.onnx")).graph.node]
     assert ops.count("Conv") == 9 and "ConvInteger" not in ops
+
+
+def test_an_int8_cnn_slower_than_float32_is_not_kept(tmp_path, monkeypatch):
+    """int8 CNNs are often slower on CPU: accurate but slower, the file is
+    left out, said in the warnings with both times; the export passes."""
+    from keras_layers.export import quantizing
+
+    monkeypatch.setattr(quantizing, "latency", _timed(0.8))
+    report = export_model(_resnet(), tmp_path / "resnet.onnx", ExportOptions(quantize="int8"))
+    assert report["passed"] and report["int8"]["passed"] and not report["int8"]["kept"]
+    assert report["int8"]["onnx_path"] is None
+    assert not (tmp_path / "resnet.int8.onnx").exists() and (tmp_path / "resnet.onnx").exists()
+    assert any("12.5 ms against float32's 10.0 ms" in w for w in report["warnings"])
+
+
+def test_the_int8_latency_is_measured_on_both_files_side_by_side(tmp_path):
+    """The figures themselves, on real files: both positive, the ratio theirs."""
+    from keras_layers.export import quantizing
+
+    report = export_model(_resnet(), tmp_path / "resnet.onnx", ExportOptions(quantize="int8"))
+    speed = report["int8"]["latency"]
+    assert speed["float32_ms"] > 0 and speed["int8_ms"] > 0 and speed["rounds"] == 7
+    assert speed["speedup"] == pytest.approx(speed["float32_ms"] / speed["int8_ms"], rel=1e-2)
+    assert report["int8"]["kept"] == (speed["speedup"] > 1)
+    assert quantizing.LATENCY_ROUNDS == 7
 
 
 class _TablePositions(keras.layers.Layer):

@@ -774,7 +774,11 @@ def _print_passed(report: dict, seconds: float, verbose: bool, console) -> None:
     if "folder" in report:
         console.print(_folder_line(report["folder"]))
         render_quantized_folder(report, console)
-    if "int8" in report:
+    if "int8" in report and report["int8"]["onnx_path"] is None:
+        console.print(
+            f"[yellow]int8 not kept[/]: slower than float32 ({int8_summary(report['int8'])})"
+        )
+    elif "int8" in report:
         console.print(
             f"[green]int8[/]: {escape(report['int8']['onnx_path'])} "
             f"({int8_summary(report['int8'])})"

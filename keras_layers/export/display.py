@@ -273,4 +273,10 @@ def int8_summary(int8: dict) -> str:
         )
     if int8["evaluation"] is not None:
         text += f"; {int8['evaluation'].get('summary', '')}"
+    speed = int8.get("latency")
+    if speed:
+        text += (
+            f"; {speed['int8_ms']} ms against float32's {speed['float32_ms']} ms "
+            f"(x{speed['speedup']})"
+        )
     return escape(text)

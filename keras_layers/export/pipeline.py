@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from keras_layers.export import (
     converting,
     images,
@@ -141,8 +143,13 @@ def _quantize(task: Task, converted: "_Converted", staged: "_Staged", checks: Ch
     validation = task.validate(converted.loaded, int8_path, int8_checks)
     evaluation = evaluate(int8_path) if evaluate else None
     size = int8_path.stat().st_size
+    speed = quantizing.latency(staged.graph, int8_path, _largest_point(converted.loaded, checks))
+    convolutions = quantized["float_convolutions"]
     return {
         "passed": validation.passed and (evaluation is None or bool(evaluation["passed"])),
+        # A CNN's int8 file is kept only where it is faster (`_kept`).
+        "kept": not convolutions or bool(speed["speedup"] and speed["speedup"] > 1),
+        "latency": speed,
         "file_bytes": size,
         "size_ratio": round(size / param_bytes, 4) if param_bytes else None,
         "min_top1": checks.min_top1,
@@ -153,6 +160,25 @@ def _quantize(task: Task, converted: "_Converted", staged: "_Staged", checks: Ch
         # Convolutions whose weights stay float32 (int8 quantizes MatMul and Gather).
         "float_convolutions": quantized["float_convolutions"],
     }
+
+
+def _slower_int8(int8: dict, path: Path) -> str:
+    """The warning for a CNN's int8 file left out for its speed."""
+    speed = int8["latency"]
+    return (
+        f"the int8 file is not kept: accurate, but {speed['int8_ms']} ms against float32's "
+        f"{speed['float32_ms']} ms (x{speed['speedup']} the speed, median of "
+        f"{speed['rounds']} interleaved runs): its {int8['float_convolutions']} convolutions "
+        f"keep float32 weights and its activations are quantized at run time; {path} is not "
+        "written (one from an earlier export is left as it was)"
+    )
+
+
+def _largest_point(loaded, checks: Checks) -> dict:
+    """The input of the grid's largest `(batch, length)` point, for timing."""
+    points = [shape for shape in checks.grid or [] if isinstance(shape, tuple | list)]
+    shape = max(points, key=lambda point: point[0] * point[1], default=(1, 1))
+    return validating.make_inputs(loaded, tuple(shape), np.random.default_rng(0))
 
 
 @contextmanager
@@ -480,7 +506,7 @@ def _report(run: Run, converted: _Converted, staged, final, validation, int8, op
     """The report (`reporting.build_report`, then where the files go), timed
     as stage `report`, and the (staged, final) moves of the files."""
     with run.stage("report"):
-        moves = staged.moves(final, int8 is not None)
+        moves = staged.moves(final, int8 is not None and int8["kept"])
         report = reporting.build_report(
             loaded=converted.loaded,
             onnx_path=final.onnx,
@@ -505,7 +531,9 @@ def _report(run: Run, converted: _Converted, staged, final, validation, int8, op
             )
         report["report_path"] = str(final.report)
         if int8 is not None:
-            report["int8"] = {"onnx_path": str(final.int8), **int8}
+            report["int8"] = {"onnx_path": str(final.int8) if int8["kept"] else None, **int8}
+            if not int8["kept"] and int8["passed"]:
+                report["warnings"].append(_slower_int8(int8, final.int8))
     report["stage_seconds"]["report"] = round(run.seconds["report"], 3)
     return report, moves
 

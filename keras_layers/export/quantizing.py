@@ -335,6 +335,56 @@ def quantize_int8(source, target, rows: bool = True) -> dict:
     return {"stored_once": changes, "float_convolutions": convolutions}
 
 
+# Rounds of each file in `latency`, interleaved, after one warm-up run each.
+LATENCY_ROUNDS = 7
+
+
+def latency(float_path, int8_path, feeds: dict, rounds: int = LATENCY_ROUNDS) -> dict:
+    """The float32 and int8 files' time on one input, measured side by side.
+
+    int8 is not always faster: ONNX Runtime quantizes the activations of
+    every product at run time, and a CNN's int8 file quantizes only its
+    `Dense` head (its convolutions keep float32 weights), so it can be
+    slower than the float32 file. Each round runs both files once, in turn,
+    so that a shared machine's load falls on both alike.
+
+    Args:
+        float_path: the float32 file.
+        int8_path: the int8 file.
+        feeds: one input of the files, by name.
+        rounds: how many interleaved rounds.
+
+    Returns:
+        `{"float32_ms", "int8_ms", "speedup", "rounds", "shape"}`: the
+        median milliseconds of each, float32's over int8's, and the input's
+        shapes.
+    """
+    import time
+
+    import onnxruntime as ort
+
+    sessions = [
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        for path in (float_path, int8_path)
+    ]
+    times = [[], []]
+    for session in sessions:
+        session.run(None, feeds)
+    for _ in range(rounds):
+        for index, session in enumerate(sessions):
+            start = time.perf_counter()
+            session.run(None, feeds)
+            times[index].append(time.perf_counter() - start)
+    float_ms, int8_ms = (1000 * float(np.median(t)) for t in times)
+    return {
+        "float32_ms": round(float_ms, 3),
+        "int8_ms": round(int8_ms, 3),
+        "speedup": round(float_ms / int8_ms, 3) if int8_ms else None,
+        "rounds": rounds,
+        "shape": {name: list(value.shape) for name, value in feeds.items()},
+    }
+
+
 # Weight-only quantization of a decoder's MatMul weights (`quantize_weights`).
 WEIGHT_BITS = {"int4": 4, "int8": 8}
 BLOCK_SIZE = 32
