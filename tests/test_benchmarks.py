@@ -240,3 +240,21 @@ def test_vision_benchmark_quick_mode_writes_the_documented_keys():
     assert report["machine"]["cores"] and report["sessions"]["intra_op_num_threads"]
     written = json.loads((results_io.RESULTS / "vision.quick.json").read_text())
     assert written["rows"] == report["rows"] and written["targets"] == report["targets"]
+
+
+def test_int8_cnn_benchmark_quick_mode_records_the_gate_and_both_times():
+    from benchmarks import int8_cnn
+
+    report = int8_cnn.main(["--quick"])
+    assert report["passed"] and report["int8"]["passed"]
+    assert (
+        sum(
+            int(point.split("x")[0]) * count
+            for point, count in report["grid_points"].items()
+            if point[0].isdigit()
+        )
+        >= 1000
+    )
+    assert report["int8"]["latency"]["float32_ms"] > 0 and report["int8"]["latency"]["int8_ms"] > 0
+    assert report["peak_rss_bytes"] >= report["built_rss_bytes"] > 0
+    assert (results_io.RESULTS / "int8_cnn.quick.json").exists()

@@ -213,6 +213,23 @@ def test_the_image_sides_found_are_sides_keras_runs_and_the_smallest():
     assert not validating.accepts_side(loaded, sides[0] - 1)
 
 
+def test_the_int8_gate_images_come_in_points_of_bounded_pixels(monkeypatch):
+    """The gate needs 1,000 classified images; at a real side they are
+    split into points of at most `MAX_GATE_PIXELS` (ResNet-50's 1,000 at
+    224 in one point was killed at 24 GB), the points' rows still 1,000."""
+    loaded = loading.load(_resnet())
+    loaded.image_sides = validating.image_sides(loaded)
+    plain = validating.default_shapes(loaded)
+    side = loaded.image_sides[min(1, len(loaded.image_sides) - 1)]
+    whole = validating.default_shapes(loaded, int8=True)
+    assert whole == [*plain[:-1], (1000, side), plain[-1]]  # a small side: one point
+    monkeypatch.setattr(validating, "MAX_GATE_PIXELS", 64 * side * side + side)
+    split = validating.default_shapes(loaded, int8=True)
+    gate = split[len(plain) - 1 : -1]
+    assert split[: len(plain) - 1] == plain[:-1] and split[-1] == plain[-1]
+    assert gate == [(64, side)] * 16  # 1,024 rows: the 1,000 the gate counts, and a few more
+
+
 def test_the_smallest_side_and_the_sides_near_follow_what_the_model_takes():
     takes = lambda side: side >= 10 and side % 4 == 0  # noqa: E731 - a model's rule
     assert validating.smallest_accepted(takes, 512) == 12
@@ -387,17 +404,19 @@ def test_an_int8_cnn_says_its_convolutions_keep_float32_weights(tmp_path, monkey
     assert ops.count("Conv") == 9 and "ConvInteger" not in ops
 
 
-def test_an_int8_cnn_slower_than_float32_is_not_kept(tmp_path, monkeypatch):
-    """int8 CNNs are often slower on CPU: accurate but slower, the file is
-    left out, said in the warnings with both times; the export passes."""
+@pytest.mark.parametrize(("speedup", "int8_ms"), [(0.8, "12.5"), (1.02, "9.804")])
+def test_an_int8_cnn_not_faster_than_float32_is_not_kept(tmp_path, monkeypatch, speedup, int8_ms):
+    """int8 CNNs are often slower on CPU: accurate but slower, or faster by
+    less than the noise of the timing (`MIN_KEPT_SPEEDUP`), the file is left
+    out, said in the warnings with both times; the export passes."""
     from keras_layers.export import quantizing
 
-    monkeypatch.setattr(quantizing, "latency", _timed(0.8))
+    monkeypatch.setattr(quantizing, "latency", _timed(speedup))
     report = export_model(_resnet(), tmp_path / "resnet.onnx", ExportOptions(quantize="int8"))
     assert report["passed"] and report["int8"]["passed"] and not report["int8"]["kept"]
     assert report["int8"]["onnx_path"] is None
     assert not (tmp_path / "resnet.int8.onnx").exists() and (tmp_path / "resnet.onnx").exists()
-    assert any("12.5 ms against float32's 10.0 ms" in w for w in report["warnings"])
+    assert any(f"{int8_ms} ms against float32's 10.0 ms" in w for w in report["warnings"])
 
 
 def test_the_int8_latency_is_measured_on_both_files_side_by_side(tmp_path):

@@ -147,8 +147,9 @@ def _quantize(task: Task, converted: "_Converted", staged: "_Staged", checks: Ch
     convolutions = quantized["float_convolutions"]
     return {
         "passed": validation.passed and (evaluation is None or bool(evaluation["passed"])),
-        # A CNN's int8 file is kept only where it is faster (`_kept`).
-        "kept": not convolutions or bool(speed["speedup"] and speed["speedup"] > 1),
+        # A CNN's int8 file is kept only where it is faster, beyond the noise.
+        "kept": not convolutions
+        or bool(speed["speedup"] and speed["speedup"] >= quantizing.MIN_KEPT_SPEEDUP),
         "latency": speed,
         "file_bytes": size,
         "size_ratio": round(size / param_bytes, 4) if param_bytes else None,
@@ -168,9 +169,10 @@ def _slower_int8(int8: dict, path: Path) -> str:
     return (
         f"the int8 file is not kept: accurate, but {speed['int8_ms']} ms against float32's "
         f"{speed['float32_ms']} ms (x{speed['speedup']} the speed, median of "
-        f"{speed['rounds']} interleaved runs): its {int8['float_convolutions']} convolutions "
-        f"keep float32 weights and its activations are quantized at run time; {path} is not "
-        "written (one from an earlier export is left as it was)"
+        f"{speed['rounds']} interleaved runs; kept from x{quantizing.MIN_KEPT_SPEEDUP}): "
+        f"its {int8['float_convolutions']} convolutions keep float32 weights and its "
+        f"activations are quantized at run time; {path} is not written (one from an earlier "
+        "export is left as it was)"
     )
 
 

@@ -139,6 +139,14 @@ class Validation:
 MAX_GRID_TOKENS = 1 << 20
 
 
+# The most pixels of one point of the int8 gate's images (`int8_rows`): 32
+# images at 224 x 224. A ResNet-50 classifier's gate needs 1,000 images; in
+# one point at 224 (3.2 GB in its first convolution's output alone, and
+# Keras, ONNX Runtime and both files' sessions each held their peak) the
+# export was killed at 24 GB. In 32 points of 32 its peaks are a point's.
+MAX_GATE_PIXELS = 32 * 224 * 224
+
+
 def check_shapes(shapes: list) -> list:
     """Check a validation grid: `(batch, sequence)` pairs of positive integers
     with at most `MAX_GRID_TOKENS` tokens, or `"padded"`."""
@@ -270,7 +278,8 @@ def int8_rows(loaded: LoadedModel, shapes: list, lengths: tuple) -> list:
     """The grid point that gives the int8 gate its `INT8_MIN_TOKENS`, when
     `shapes` give an output fewer: rows of the grid's second length (a few
     tokens; its only one if fixed), as many as that output needs, within
-    `MAX_GRID_TOKENS`.
+    `MAX_GRID_TOKENS`; for images, that many rows in points of at most
+    `MAX_GATE_PIXELS` each.
 
     The gate counts an output's top-1 decisions (`_Measures.top1`): one per
     token of each axis that follows a sequence (a language model's logits:
@@ -283,7 +292,8 @@ def int8_rows(loaded: LoadedModel, shapes: list, lengths: tuple) -> list:
         lengths: its sequence lengths, shortest first.
 
     Returns:
-        `[(batch, length)]`, or `[]` when every output has enough.
+        `[(batch, length)]` (for images, `[(rows, side)] * points`), or `[]`
+        when every output has enough.
     """
     sequences = {info.sequence for info in loaded.inputs}
 
@@ -300,7 +310,13 @@ def int8_rows(loaded: LoadedModel, shapes: list, lengths: tuple) -> list:
         if sum(decisions(info, *shape) for shape in shapes) < INT8_MIN_TOKENS:
             batch = max(batch, -(-INT8_MIN_TOKENS // decisions(info, 1, length)))
     batch = min(batch, MAX_GRID_TOKENS // length)
-    return [(batch, length)] if batch else []
+    if not batch:
+        return []
+    if not loaded.image_sides:
+        return [(batch, length)]
+    # Images: as many points as keep each within `MAX_GATE_PIXELS`.
+    rows = max(1, min(batch, MAX_GATE_PIXELS // (length * length)))
+    return [(rows, length)] * (-(-batch // rows))
 
 
 def check_shapes_fit(loaded: LoadedModel, shapes: list) -> None:
