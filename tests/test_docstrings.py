@@ -19,6 +19,8 @@ MODULES = [
     pytest.param("keras_layers.export.generation", marks=pytest.mark.tensorflow_only),
     # Writes and proves a WordPiece tokenizer's files (keras-hub's tokenizer runs on TF).
     pytest.param("keras_layers.export.tokenizer_files.gate", marks=pytest.mark.tensorflow_only),
+    # Builds a tiny BART and its encoder's side.
+    pytest.param("keras_layers.export.seq2seq", marks=pytest.mark.tensorflow_only),
     # Exports a decoder as a genai folder (half a minute): the slow tier.
     pytest.param(
         "keras_layers.export.genai_folder",
