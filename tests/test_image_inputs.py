@@ -427,7 +427,7 @@ def test_the_int8_latency_is_measured_on_both_files_side_by_side(tmp_path):
     speed = report["int8"]["latency"]
     assert speed["float32_ms"] > 0 and speed["int8_ms"] > 0 and speed["rounds"] == 7
     assert speed["speedup"] == pytest.approx(speed["float32_ms"] / speed["int8_ms"], rel=1e-2)
-    assert report["int8"]["kept"] == (speed["speedup"] > 1)
+    assert report["int8"]["kept"] == (speed["speedup"] >= quantizing.MIN_KEPT_SPEEDUP)
     assert quantizing.LATENCY_ROUNDS == 7
 
 

@@ -4,13 +4,16 @@ keras-hub's BART and T5 built tiny with redrawn weights; the encoder's file
 is held to keras-hub's own `_build_cache`, which computes the cross-attention
 cache through the decoder's first step, not through our encoder model."""
 
+from dataclasses import replace
+
 import keras
 import numpy as np
 import onnxruntime as ort
 import pytest
 
-from keras_layers.export import export_model, seq2seq
+from keras_layers.export import export_model, loading, pipeline, seq2seq
 from keras_layers.export.errors import UsageError
+from keras_layers.export.validating import DEFAULT_ATOL, DEFAULT_RTOL
 from tests import zoo_models
 from tests.test_generate_arguments import tiny_gpt2
 
@@ -88,3 +91,64 @@ def test_the_encoder_file_projects_no_decoder_token(tmp_path):
     assert len(probe_only) == 17 and set(probe_only) <= unused
     cross = [w.path for layer in decoder for w in layer._cross_attention_layer._key_dense.weights]
     assert cross and not set(cross) & unused
+
+
+@pytest.fixture(scope="module", params=["bart", "t5"])
+def decoder_file(request, tmp_path_factory):
+    """Each model's decoder file, exported and proved by the pipeline."""
+    model = _seq2seq(request.param)
+    path = tmp_path_factory.mktemp(request.param) / "decoder_model.onnx"
+    report = pipeline.export_model(model, path, task="seq2seq-decoder")
+    return model, path, report
+
+
+def test_the_decoder_file_passes_keras_cached_steps_and_never_projects_the_encoder(decoder_file):
+    """A prompt and 8 teacher-forced steps over a padded encoder batch, each
+    within the default tolerances; the cross-attention keys' and values'
+    projections are not in the file: it reads what the encoder's file gave."""
+    model, path, report = decoder_file
+    assert report["passed"]
+    labels = [check["shape"] for check in report["checks"]]
+    assert labels == ["decoder 3x3 after 0", "decode steps 1-8, encoder (9,5,2)"]
+    names = [entry["name"] for entry in report["inputs"]]
+    assert names == [*seq2seq.DECODER_INPUTS, *seq2seq.past_names(2)]
+    unused = {entry["name"] for entry in report["unused_weights"]}
+    encoder_side = [
+        weight.path
+        for layer in model.backbone.decoder_transformer_layers
+        for weight in _cross_key_value_weights(layer)
+    ]
+    assert len(encoder_side) >= 4 and set(encoder_side) <= unused
+
+
+def _cross_key_value_weights(layer):
+    attention = getattr(layer, "_cross_attention_layer", None) or layer.cross_attention
+    found = []
+    for name in ("_key_dense", "_value_dense", "key_projector", "value_projector"):
+        if hasattr(attention, name):
+            found += getattr(attention, name).weights
+    return found
+
+
+def test_the_decoder_check_fails_a_file_that_ignores_the_encoder_mask(decoder_file):
+    model, path, _ = decoder_file
+    described = seq2seq.describe(model)
+    reference = seq2seq.decoder_references(loading.load(model), described)
+    assert seq2seq.validate_decoder(reference, path, DEFAULT_ATOL, DEFAULT_RTOL).passed
+    unmasked = replace(reference, encoder_mask=np.ones_like(reference.encoder_mask))
+    assert not seq2seq.validate_decoder(unmasked, path, DEFAULT_ATOL, DEFAULT_RTOL).passed
+
+
+def test_the_decoder_check_fails_a_cross_attention_weight_scaled_by_1_01(tmp_path):
+    """The mutant's file passes its own model's check; Keras' references
+    from the original model fail it. The last layer's cross-attention output
+    projection x1.01 moves the logits by 5.7e-4 (of 0.39); its query x1.01
+    moves them by 8e-8 only, at this size (near-uniform attention over the
+    encoder), which no tolerance could tell from rounding."""
+    model = _seq2seq("bart")
+    reference = seq2seq.decoder_references(loading.load(model), seq2seq.describe(model))
+    output = model.backbone.decoder_transformer_layers[-1]._cross_attention_layer._output_dense
+    output.kernel.assign(np.asarray(output.kernel) * 1.01)
+    mutant = tmp_path / "mutant.onnx"
+    assert pipeline.export_model(model, mutant, task="seq2seq-decoder")["passed"]
+    assert not seq2seq.validate_decoder(reference, mutant, DEFAULT_ATOL, DEFAULT_RTOL).passed

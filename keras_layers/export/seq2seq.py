@@ -1,7 +1,7 @@
-"""Encoder-decoders (`Seq2SeqLM`): the protocol read, and the encoder's file.
+"""Encoder-decoders (`Seq2SeqLM`): the protocol read, the encoder's file and the decoder's.
 
-The first piece of `--task seq2seq-lm` (issue #44; the decoder with its
-growing self-attention cache, the folder and `generate` follow). A model is
+The first pieces of `--task seq2seq-lm` (issue #44; the folder, `generate`
+and the command-line task follow). A model is
 an encoder-decoder here when it follows keras-hub's `Seq2SeqLM` protocol as
 BART, T5 and their kin write it:
 
@@ -21,15 +21,31 @@ BART, T5 and their kin write it:
 The cross-attention keys and values depend on the encoder's output alone, so
 they are computed once per input: by the encoder's file, beside its output,
 as onnxruntime-genai's Whisper encoder returns them (`encoder_model`). Every
-decoder step then reads them and never projects the encoder's output again.
+decoder step then reads them and never projects the encoder's output again:
+the decoder's file (`trace_decoder`, the pipeline's task `seq2seq-decoder`)
+takes `input_ids`, `encoder_attention_mask` and optimum's
+`past_key_values.{i}.decoder/encoder.key/value`, its own past growing by the
+new tokens from an empty one, and returns `logits` and
+`present.{i}.decoder.key/value` (optimum's `decoder_with_past` file, which
+also serves the first step). It is checked against Keras' own cached calls
+over a prompt and teacher-forced steps, on a padded encoder batch
+(`decoder_references`, `validate_decoder`).
 """
 
 import inspect
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
+
+from keras_layers.export import validating
+from keras_layers.export.axes import PAST_AXIS
+from keras_layers.export.causal_lm import _cache_writes_as_appends, _merge
 from keras_layers.export.compat import original, patched
 from keras_layers.export.errors import UsageError, one_line
+from keras_layers.export.loading import TensorInfo
+from keras_layers.export.tracing import trace_call
 
 # The arguments of `call_decoder_with_cache` the protocol passes by name.
 DECODER_ARGUMENTS = (
@@ -164,6 +180,15 @@ def cross_attention(model, hidden, padding_mask, layers: int) -> list:
 
     Computed by the model's own cached call at cross index 0, on one decoder
     token whose result nothing reads (the conversion drops it).
+
+    Args:
+        model: an encoder-decoder (`describe`).
+        hidden: the encoder's output (batch, encoder length, hidden).
+        padding_mask: True on the encoder's tokens (batch, encoder length).
+        layers: the decoder's layers.
+
+    Returns:
+        `2 * layers` tensors: layer 0's keys, its values, layer 1's keys, ...
     """
     from keras import ops
 
@@ -227,3 +252,212 @@ def encoder_model(model, description: Seq2Seq | None = None):
         for name, tensor in zip(names, outputs, strict=True)
     }
     return keras.Model({"input_ids": ids, "attention_mask": mask}, named, name="encoder_model")
+
+
+# --- the decoder, one step per call ----------------------------------------------
+
+# The decoder file's inputs besides its caches (optimum's decoder_with_past names).
+DECODER_INPUTS = ("input_ids", "encoder_attention_mask")
+# Teacher-forced decode steps of the decoder's check, after a prompt of
+# `DECODER_PROMPT` tokens, over encoder inputs of these lengths (padded).
+DECODE_STEPS = 8
+DECODER_PROMPT = 3
+ENCODER_LENGTHS = (9, 5, 2)
+
+
+def past_names(layers: int) -> list[str]:
+    """optimum's past names, per layer: the decoder's key and value, then the encoder's."""
+    return [
+        f"past_key_values.{i}.{side}.{kind}"
+        for i in range(layers)
+        for side in ("decoder", "encoder")
+        for kind in ("key", "value")
+    ]
+
+
+def _cache_info(description: Seq2Seq, name: str, sequence: str):
+    shape = (None, description.heads, None, description.head_size)
+    axes = ("batch", description.heads, sequence, description.head_size)
+    return TensorInfo(name, shape, description.dtype, axes=axes)
+
+
+def decoder_inputs(description: Seq2Seq) -> list:
+    """`input_ids`, `encoder_attention_mask`, then `past_names`' caches."""
+    ids = TensorInfo(DECODER_INPUTS[0], (None, None), "int32", role="ids")
+    ids.axes = ("batch", "sequence")
+    mask = TensorInfo(DECODER_INPUTS[1], (None, None), "int32")
+    mask.axes = ("batch", "encoder_sequence")
+    caches = [
+        _cache_info(description, name, PAST_AXIS if ".decoder." in name else "encoder_sequence")
+        for name in past_names(description.layers)
+    ]
+    return [ids, mask, *caches]
+
+
+def decoder_outputs(description: Seq2Seq) -> list:
+    """`logits`, then `present.{i}.decoder.key/value` (the past and the new tokens)."""
+    logits = TensorInfo("logits", (None, None, description.vocabulary), description.dtype)
+    logits.axes = ("batch", "sequence", description.vocabulary)
+    layers = range(description.layers)
+    names = [f"present.{i}.decoder.{kind}" for i in layers for kind in ("key", "value")]
+    return [logits, *(_cache_info(description, name, "total_sequence") for name in names)]
+
+
+def trace_decoder(loaded, description: Seq2Seq):
+    """One decoder step as a `tf.function`: the new tokens attend to the
+    past and to the encoder's keys and values, which are read, never
+    recomputed (the model's cached call with cross index `None`).
+
+    Args:
+        loaded: the loaded encoder-decoder, whose weights become inputs.
+        description: its sizes (`describe`).
+
+    Returns:
+        The traced function (`tracing.trace_call`), for `converting.convert`.
+
+    Raises:
+        UsageError: the model fails in Keras itself.
+        ConversionError: it uses Python control flow on a tensor's value.
+    """
+    import tensorflow as tf
+
+    model, layers = loaded.model, description.layers
+    inputs = decoder_inputs(description)
+    specs = [tf.TensorSpec(info.shape, info.dtype, name=info.name) for info in inputs]
+    swap = [0, 2, 1, 3]  # optimum's (batch, heads, length, size) <-> keras-hub's
+
+    def call(token_ids, encoder_mask, *past):
+        new, start = tf.shape(token_ids)[1], tf.shape(past[0])[2]
+        selves, crosses, pasts = [], [], {}
+        for layer in range(layers):
+            own, cross = past[4 * layer : 4 * layer + 2], past[4 * layer + 2 : 4 * layer + 4]
+            grown = []
+            for kind, cache in enumerate(own):
+                cache = pasts[layer, kind] = tf.transpose(cache, swap)
+                room = tf.zeros(tf.stack([tf.shape(cache)[0], new, *cache.shape[2:]]), cache.dtype)
+                grown.append(tf.concat([cache, room], axis=1))
+            selves.append(tf.stack(grown, axis=1))
+            crosses.append(tf.stack([tf.transpose(c, swap) for c in cross], axis=1))
+        stacked, cross_cache = tf.stack(selves, axis=1), tf.stack(crosses, axis=1)
+        # Only the cross-attention mask reads it (its width is the encoder's length).
+        shape = tf.stack([tf.shape(encoder_mask)[0], tf.shape(encoder_mask)[1], description.hidden])
+        unread = tf.zeros(shape, description.dtype)
+        with _cache_writes_as_appends(start, stacked, pasts):
+            logits, _, cache, _ = model.call_decoder_with_cache(
+                encoder_hidden_states=unread,
+                encoder_padding_mask=tf.cast(encoder_mask, "bool"),
+                decoder_token_ids=token_ids,
+                self_attention_cache=stacked,
+                self_attention_cache_update_index=start,
+                cross_attention_cache=cross_cache,
+                cross_attention_cache_update_index=None,
+            )
+        present = [tf.transpose(cache[:, i, k], swap) for i in range(layers) for k in (0, 1)]
+        return [tf.cast(logits, description.dtype), *present]
+
+    names = [info.name for info in decoder_outputs(description)]
+    return trace_call(loaded, call, specs, names)
+
+
+@dataclass
+class DecoderReference:
+    """Keras' side of the decoder's check: its cached calls, teacher-forced."""
+
+    encoder_mask: "object"  # (batch, encoder length) int32, 0 on padding
+    cross: list  # the encoder's keys and values, optimum's layout, per layer
+    tokens: list  # the prompt, then the token fed at each step (batch, n)
+    logits: list  # Keras' logits of each call
+
+
+def decoder_references(loaded, description: Seq2Seq) -> DecoderReference:
+    """Run Keras' cached decoder over a prompt and `DECODE_STEPS` greedy
+    steps, for encoder inputs of `ENCODER_LENGTHS` tokens padded to the
+    longest (so a file that ignores the encoder's mask fails).
+
+    Args:
+        loaded: the loaded encoder-decoder.
+        description: its sizes (`describe`).
+
+    Returns:
+        What `validate_decoder` feeds the file and compares it with.
+    """
+    from keras import ops
+
+    model = loaded.model
+    rng = np.random.default_rng(validating.SEED)
+    lengths = np.array(ENCODER_LENGTHS)
+    mask = (np.arange(lengths.max()) < lengths[:, None]).astype("int32")
+    ids = np.where(mask, rng.integers(1, description.vocabulary, mask.shape), 0).astype("int32")
+    prompt = rng.integers(1, description.vocabulary, (len(lengths), DECODER_PROMPT)).astype("int32")
+    hidden = model.call_encoder(ids, mask.astype(bool))
+    total = np.zeros((len(lengths), DECODER_PROMPT + DECODE_STEPS), "int32")
+    self_cache, cross_cache = model._initialize_cache(ids, total)
+    tokens, logits, index, cross_index = [prompt], [], 0, 0
+    for _ in range(DECODE_STEPS + 1):
+        out, _, self_cache, cross = model.call_decoder_with_cache(
+            encoder_hidden_states=hidden,
+            encoder_padding_mask=mask.astype(bool),
+            decoder_token_ids=ops.convert_to_tensor(tokens[-1]),
+            self_attention_cache=self_cache,
+            self_attention_cache_update_index=index,
+            cross_attention_cache=cross_cache,
+            cross_attention_cache_update_index=cross_index,
+        )
+        if cross_index == 0:
+            cross_cache, cross_index = cross, None
+        logits.append(np.asarray(out))
+        index += tokens[-1].shape[1]
+        tokens.append(logits[-1][:, -1:].argmax(axis=-1).astype("int32"))
+    cross = np.asarray(cross_cache)
+    layers = range(description.layers)
+    layout = [cross[:, i, kind].transpose(0, 2, 1, 3) for i in layers for kind in (0, 1)]
+    return DecoderReference(mask, layout, tokens[:-1], logits)
+
+
+def validate_decoder(reference: DecoderReference, onnx_path, atol, rtol, lean_memory=False):
+    """Run the decoder's file as generation does, from an empty past, fed
+    Keras' own tokens and the encoder's keys and values, and compare each
+    call's logits with Keras'.
+
+    Args:
+        reference: Keras' side (`decoder_references`).
+        onnx_path: the decoder's file.
+        atol: absolute tolerance of the logits.
+        rtol: relative tolerance, times |Keras' logits|.
+        lean_memory: ONNX Runtime without pre-packing and its memory arena
+            (`validating.validate`).
+
+    Returns:
+        A `validating.Validation`: the prompt's check and the decode steps'
+        (ONNX Runtime's own failure as `error`); never raises.
+    """
+    start = time.perf_counter()
+    result = validating.Validation(atol=atol, rtol=rtol)
+    session = validating._session(onnx_path, lean_memory)
+    if isinstance(session, str):
+        result.error = session
+        return result
+    batch, layers = reference.encoder_mask.shape[0], len(reference.cross) // 2
+    heads, size = reference.cross[0].shape[1], reference.cross[0].shape[3]
+    own = [np.zeros((batch, heads, 0, size), reference.cross[0].dtype)] * (2 * layers)
+    steps = []
+    try:
+        calls = zip(reference.tokens, reference.logits, strict=True)
+        for call, (tokens, expected) in enumerate(calls):
+            feeds = {DECODER_INPUTS[0]: tokens, DECODER_INPUTS[1]: reference.encoder_mask}
+            for i in range(layers):
+                for k, kind in enumerate(("key", "value")):
+                    feeds[f"past_key_values.{i}.decoder.{kind}"] = own[2 * i + k]
+                    feeds[f"past_key_values.{i}.encoder.{kind}"] = reference.cross[2 * i + k]
+            logits, *own = session.run(None, feeds)
+            past = sum(t.shape[1] for t in reference.tokens[:call])
+            label = f"decoder {batch}x{tokens.shape[1]} after {past}"
+            check = validating.compare(label, "logits", logits, expected, atol, rtol)
+            (result.checks if call == 0 else steps).append(check)
+    except Exception as error:  # noqa: BLE001 - the file's failure, reported as one
+        result.error = f"ONNX Runtime fails on the decoder: {one_line(str(error), 300)}"
+        return result
+    lengths = ",".join(map(str, reference.encoder_mask.sum(axis=1)))
+    result.checks.append(_merge(f"decode steps 1-{len(steps)}, encoder ({lengths})", steps))
+    result.seconds = time.perf_counter() - start
+    return result

@@ -11,12 +11,25 @@ from keras_layers.export.errors import UsageError, argument
 from keras_layers.export.tasks.base import Checks, Task
 from keras_layers.export.tasks.causal_lm import CausalLm
 from keras_layers.export.tasks.forward import Forward
+from keras_layers.export.tasks.seq2seq_decoder import Seq2SeqDecoder
 
 # Name -> a maker of a fresh task (one per export: a task keeps what it
 # learns of the model between the stages). The first is the default.
 TASKS: dict[str, Callable[[], Task]] = {"forward": Forward, "causal-lm": CausalLm}
+# Tasks of one file of a multi-file export, run by that export (never a
+# choice on the command line): an encoder-decoder's decoder (`seq2seq`).
+FILE_TASKS: dict[str, Callable[[], Task]] = {"seq2seq-decoder": Seq2SeqDecoder}
 
-__all__ = ["TASKS", "CausalLm", "Checks", "Forward", "Task", "lookup"]
+__all__ = [
+    "FILE_TASKS",
+    "TASKS",
+    "CausalLm",
+    "Checks",
+    "Forward",
+    "Seq2SeqDecoder",
+    "Task",
+    "lookup",
+]
 
 
 def lookup(name: str) -> Task:
@@ -31,6 +44,8 @@ def lookup(name: str) -> Task:
     Raises:
         UsageError: no task has that name.
     """
+    if isinstance(name, str) and name in FILE_TASKS:
+        return FILE_TASKS[name]()
     if not isinstance(name, str) or name not in TASKS:
         raise UsageError(f"{argument('task', name)}: choose one of {tuple(TASKS)}")
     return TASKS[name]()

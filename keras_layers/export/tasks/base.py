@@ -128,3 +128,17 @@ class Task(Protocol):
         Returns:
             The checks; `passed` when all pass.
         """
+
+
+class Stepwise:
+    """A task checked by steps (a prompt and decode steps), not on a grid of
+    shapes: the decoders with a cache (`CausalLm`, `Seq2SeqDecoder`)."""
+
+    def grid(self, loaded: LoadedModel, shapes: list | None) -> None:
+        """No grid: the checks are a prompt and decode steps.
+
+        Args:
+            loaded: the loaded model.
+            shapes: `None` (the task's `check` refused a grid).
+        """
+        del loaded, shapes

@@ -14,12 +14,12 @@ from keras_layers.export import causal_lm
 from keras_layers.export.errors import UsageError, argument
 from keras_layers.export.loading import LoadedModel
 from keras_layers.export.options import ExportOptions
-from keras_layers.export.tasks.base import Checks
+from keras_layers.export.tasks.base import Checks, Stepwise
 from keras_layers.export.tracing import TracedModel
 from keras_layers.export.validating import Validation
 
 
-class CausalLm:
+class CausalLm(Stepwise):
     """The decoder with its cache; `describe` reads the cache's layout, which
     the later stages use."""
 
@@ -68,15 +68,6 @@ class CausalLm:
     def trace(self, loaded: LoadedModel) -> TracedModel:
         """`causal_lm.trace`: one cached call, the caches growing by the new tokens."""
         return causal_lm.trace(loaded, self.decoder)
-
-    def grid(self, loaded: LoadedModel, shapes: list | None) -> None:
-        """No grid: the checks are a prompt, decode steps and greedy generation.
-
-        Args:
-            loaded: the loaded model.
-            shapes: `None` (`check` refused a grid).
-        """
-        del loaded, shapes
 
     def references(self, loaded: LoadedModel, grid: None, ahead: bool) -> causal_lm.Reference:
         """`causal_lm.references`: always ahead of ONNX Runtime.
