@@ -21,6 +21,8 @@ MODULES = [
     pytest.param("keras_layers.export.tokenizer_files.gate", marks=pytest.mark.tensorflow_only),
     # Builds a tiny BART and its encoder's side.
     pytest.param("keras_layers.export.seq2seq", marks=pytest.mark.tensorflow_only),
+    # Exports a tiny BART as a seq2seq folder and proves it (ten seconds).
+    pytest.param("keras_layers.export.seq2seq_folder", marks=pytest.mark.tensorflow_only),
     # Exports a decoder as a genai folder (half a minute): the slow tier.
     pytest.param(
         "keras_layers.export.genai_folder",

@@ -213,9 +213,8 @@ def test_a_task_refuses_its_options_before_any_work(tmp_path, recording_task):
 def test_an_unknown_task_names_the_registered_ones(tmp_path, recording_task):
     with pytest.raises(UsageError) as raised:
         export_model(tmp_path / "missing.keras", tmp_path / "x.onnx", task="seq2seq")
-    assert "task='seq2seq': choose one of ('forward', 'causal-lm', 'recording')" in str(
-        raised.value
-    )
+    named = "('forward', 'causal-lm', 'recording', 'seq2seq-lm')"
+    assert f"task='seq2seq': choose one of {named}" in str(raised.value)
     assert parser("x", tmp_path).parse_args(["--task", "causal-lm"]).task == "causal-lm"
 
 

@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keras_layers.export import export_model, generate, memory
-from keras_layers.export.generation import ArgumentTypeError, CachedDecoder
+from keras_layers.export.decoding import ArgumentTypeError
+from keras_layers.export.generation import CachedDecoder
 from tests import zoo_models
 
 pytestmark = [

@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from keras_layers.export import export_model, loading, pipeline, seq2seq
+from keras_layers.export import export_model, pipeline, seq2seq
 from keras_layers.export.errors import UsageError
 from keras_layers.export.validating import DEFAULT_ATOL, DEFAULT_RTOL
 from tests import zoo_models
@@ -133,7 +133,7 @@ def _cross_key_value_weights(layer):
 def test_the_decoder_check_fails_a_file_that_ignores_the_encoder_mask(decoder_file):
     model, path, _ = decoder_file
     described = seq2seq.describe(model)
-    reference = seq2seq.decoder_references(loading.load(model), described)
+    reference = seq2seq.decoder_references(model, described)
     assert seq2seq.validate_decoder(reference, path, DEFAULT_ATOL, DEFAULT_RTOL).passed
     unmasked = replace(reference, encoder_mask=np.ones_like(reference.encoder_mask))
     assert not seq2seq.validate_decoder(unmasked, path, DEFAULT_ATOL, DEFAULT_RTOL).passed
@@ -146,7 +146,7 @@ def test_the_decoder_check_fails_a_cross_attention_weight_scaled_by_1_01(tmp_pat
     moves them by 8e-8 only, at this size (near-uniform attention over the
     encoder), which no tolerance could tell from rounding."""
     model = _seq2seq("bart")
-    reference = seq2seq.decoder_references(loading.load(model), seq2seq.describe(model))
+    reference = seq2seq.decoder_references(model, seq2seq.describe(model))
     output = model.backbone.decoder_transformer_layers[-1]._cross_attention_layer._output_dense
     output.kernel.assign(np.asarray(output.kernel) * 1.01)
     mutant = tmp_path / "mutant.onnx"

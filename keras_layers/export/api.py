@@ -11,6 +11,8 @@ The stages of each kind live in their own module; this one only picks:
   (`parts.export_parts`);
 - `task="causal-lm"` with a folder output (`"FOLDER/"`, or an existing
   folder): the folder onnxruntime-genai runs (`genai_folder.export_folder`);
+- `task="seq2seq-lm"`: an encoder-decoder as a folder that generates
+  (`seq2seq_folder.export_folder`);
 - anything else: the pipeline (`pipeline.export_model`), a file with token
   ids in.
 """
@@ -18,7 +20,15 @@ The stages of each kind live in their own module; this one only picks:
 import os
 from collections.abc import Callable
 
-from keras_layers.export import genai_folder, image_model, loading, parts, pipeline, text_model
+from keras_layers.export import (
+    genai_folder,
+    image_model,
+    loading,
+    parts,
+    pipeline,
+    seq2seq_folder,
+    text_model,
+)
 from keras_layers.export.errors import UsageError, argument
 from keras_layers.export.options import ExportOptions
 
@@ -47,7 +57,8 @@ def export_model(
             settings (`sampler`, `context_length`, `end_token_id`, ...) are
             refused for any other output.
         task: `"forward"` or `"causal-lm"` (`pipeline.export_model` says what each
-            exports and checks).
+            exports and checks), or `"seq2seq-lm"`: an encoder-decoder (a
+            keras-hub `Seq2SeqLM`) as a folder, `output` ending in `/`.
         progress: called with a `pipeline.StageEvent` as each stage starts and
             ends (the pipeline's exports).
         evaluate: a task-level check of the int8 file (`ExportOptions.quantize`).
@@ -72,6 +83,8 @@ def export_model(
         genai_folder.refuse_folder_options(options, task, output)
         return parts.export_parts(model, output, options, progress=progress)
     genai_folder.refuse_folder_options(options, task, output)
+    if task == "seq2seq-lm":
+        return seq2seq_folder.export_folder(model, output, options, progress=progress)
     if options.channels_first and task != "forward":
         raise UsageError(
             f"{argument('channels_first', True)}: images as NCHW are for the forward pass; "

@@ -230,7 +230,7 @@ def _add_conversion(p: argparse.ArgumentParser) -> None:
     what is loaded, and what the file is."""
     from keras_layers.export.converting import DEFAULT_OPSET
     from keras_layers.export.options import EXTERNAL_DATA_CHOICES, WEIGHTS_DTYPE_CHOICES
-    from keras_layers.export.tasks import TASKS
+    from keras_layers.export.tasks import task_names
 
     p.add_argument(
         "--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default {DEFAULT_OPSET})"
@@ -264,7 +264,7 @@ def _add_conversion(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--task",
-        choices=tuple(TASKS),
+        choices=task_names(),
         default="forward",
         help="forward: the model's call over whole sequences (default); causal-lm: a "
         "decoder with a key/value cache for generation (a keras-hub CausalLM, saved with "
@@ -272,7 +272,9 @@ def _add_conversion(p: argparse.ArgumentParser) -> None:
         "docs/generation.md), checked by decode steps and greedy generation against "
         "Keras; with -o FOLDER/, a model saved with its preprocessor gets its tokenizer "
         "written, one without needs --end-token-id (and --context-length for rotary "
-        "positions)",
+        "positions); seq2seq-lm: an encoder-decoder (a keras-hub Seq2SeqLM: BART, T5) as "
+        "-o FOLDER/ with the encoder's file, the decoder's with its caches, the config and "
+        "the tokenizer, proved by greedy generation against keras-hub's",
     )
     p.add_argument(
         "--external-data",
@@ -344,7 +346,7 @@ def _add_quantization(p: argparse.ArgumentParser) -> None:
 def _add_folder(p: argparse.ArgumentParser) -> None:
     """--sampler, --top-k, --top-p, --temperature, --context-length,
     --end-token-id: what the genai folder's genai_config.json says."""
-    from keras_layers.export.generation import SAMPLERS
+    from keras_layers.export.decoding import SAMPLERS
     from keras_layers.export.options import SAMPLER_DEFAULTS
 
     only = "only with --task causal-lm -o FOLDER/"
@@ -577,10 +579,16 @@ def _check_folder_output(args) -> None:
                 f"{args.output or 'a file beside the model'})"
             )
         return
-    if args.output is not None and is_folder(args.output) and args.task != "causal-lm":
+    if args.task == "seq2seq-lm" and (args.output is None or not is_folder(args.output)):
+        raise UsageError(
+            f"--task seq2seq-lm writes a folder (encoder, decoder, config, tokenizer): give "
+            f"-o FOLDER/ (not {args.output or 'a file beside the model'})"
+        )
+    if args.output is not None and is_folder(args.output) and args.task == "forward":
         raise UsageError(
             f"-o {args.output}: is a directory; a folder is written only for --task causal-lm "
-            "(the folder onnxruntime-genai runs): give a file OUT.onnx, or add --task causal-lm"
+            "(the folder onnxruntime-genai runs) and --task seq2seq-lm: give a file OUT.onnx, "
+            "or add --task causal-lm"
         )
 
 

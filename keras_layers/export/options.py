@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from keras_layers.export import converting, decoder_gate, validating
+from keras_layers.export.decoding import SAMPLERS
 from keras_layers.export.errors import UsageError, argument
-from keras_layers.export.generation import SAMPLERS
 from keras_layers.export.inputs import InputRole, parse_override
 
 EXTERNAL_DATA_CHOICES = ("auto", "always", "never")

@@ -363,19 +363,20 @@ def trace_decoder(loaded, description: Seq2Seq):
 class DecoderReference:
     """Keras' side of the decoder's check: its cached calls, teacher-forced."""
 
+    encoder_ids: "object"  # (batch, encoder length) int32, 0 on padding
     encoder_mask: "object"  # (batch, encoder length) int32, 0 on padding
     cross: list  # the encoder's keys and values, optimum's layout, per layer
     tokens: list  # the prompt, then the token fed at each step (batch, n)
     logits: list  # Keras' logits of each call
 
 
-def decoder_references(loaded, description: Seq2Seq) -> DecoderReference:
+def decoder_references(model, description: Seq2Seq) -> DecoderReference:
     """Run Keras' cached decoder over a prompt and `DECODE_STEPS` greedy
     steps, for encoder inputs of `ENCODER_LENGTHS` tokens padded to the
     longest (so a file that ignores the encoder's mask fails).
 
     Args:
-        loaded: the loaded encoder-decoder.
+        model: the encoder-decoder.
         description: its sizes (`describe`).
 
     Returns:
@@ -383,7 +384,6 @@ def decoder_references(loaded, description: Seq2Seq) -> DecoderReference:
     """
     from keras import ops
 
-    model = loaded.model
     rng = np.random.default_rng(validating.SEED)
     lengths = np.array(ENCODER_LENGTHS)
     mask = (np.arange(lengths.max()) < lengths[:, None]).astype("int32")
@@ -411,7 +411,7 @@ def decoder_references(loaded, description: Seq2Seq) -> DecoderReference:
     cross = np.asarray(cross_cache)
     layers = range(description.layers)
     layout = [cross[:, i, kind].transpose(0, 2, 1, 3) for i in layers for kind in (0, 1)]
-    return DecoderReference(mask, layout, tokens[:-1], logits)
+    return DecoderReference(ids, mask, layout, tokens[:-1], logits)
 
 
 def validate_decoder(reference: DecoderReference, onnx_path, atol, rtol, lean_memory=False):

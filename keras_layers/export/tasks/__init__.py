@@ -19,9 +19,13 @@ TASKS: dict[str, Callable[[], Task]] = {"forward": Forward, "causal-lm": CausalL
 # Tasks of one file of a multi-file export, run by that export (never a
 # choice on the command line): an encoder-decoder's decoder (`seq2seq`).
 FILE_TASKS: dict[str, Callable[[], Task]] = {"seq2seq-decoder": Seq2SeqDecoder}
+# Tasks of a folder export that runs the pipeline once per file:
+# `seq2seq-lm`, an encoder-decoder (`keras_layers.export.seq2seq_folder`).
+FOLDER_TASKS = ("seq2seq-lm",)
 
 __all__ = [
     "FILE_TASKS",
+    "FOLDER_TASKS",
     "TASKS",
     "CausalLm",
     "Checks",
@@ -29,7 +33,14 @@ __all__ = [
     "Seq2SeqDecoder",
     "Task",
     "lookup",
+    "task_names",
 ]
+
+
+def task_names() -> tuple:
+    """Every task `export_model` and the command line take: `TASKS`' names,
+    then `FOLDER_TASKS`."""
+    return (*TASKS, *FOLDER_TASKS)
 
 
 def lookup(name: str) -> Task:
@@ -47,5 +58,5 @@ def lookup(name: str) -> Task:
     if isinstance(name, str) and name in FILE_TASKS:
         return FILE_TASKS[name]()
     if not isinstance(name, str) or name not in TASKS:
-        raise UsageError(f"{argument('task', name)}: choose one of {tuple(TASKS)}")
+        raise UsageError(f"{argument('task', name)}: choose one of {task_names()}")
     return TASKS[name]()

@@ -65,7 +65,7 @@ class Seq2SeqDecoder(Stepwise):
             values, and each call's logits.
         """
         del grid, ahead
-        return seq2seq.decoder_references(loaded, self.description)
+        return seq2seq.decoder_references(loaded.model, self.description)
 
     def validate(self, loaded: LoadedModel, onnx_path: Path, checks: Checks) -> Validation:
         """`seq2seq.validate_decoder`: the file from an empty past, step by step.

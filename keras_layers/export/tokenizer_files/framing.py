@@ -116,6 +116,8 @@ def read_framing(preprocessor, tokenizer) -> Framing | None:
 
     if preprocessor is None:
         return None
+    if hasattr(preprocessor, "encoder_sequence_length"):  # a Seq2SeqLM's: its encoder's side
+        return _encoder_framing(preprocessor, tokenizer)
     name = type(preprocessor).__name__
     # The packer is made in `build` (once the tokenizer's assets are loaded);
     # a class without a `build` of its own has none to make.
@@ -162,6 +164,35 @@ def read_framing(preprocessor, tokenizer) -> Framing | None:
         "StartEndPacker or a MultiSegmentPacker (causal and masked language models, "
         "classifiers, embedders; a sequence-to-sequence model packs two): export its "
         "`.tokenizer` instead"
+    )
+
+
+# The end of `Framing.source` for an encoder-decoder's encoder input.
+ENCODER_SOURCE = ".generate_preprocess, encoder"
+
+
+def _encoder_framing(preprocessor, tokenizer) -> Framing:
+    """An encoder-decoder's framing of the encoder's input (its
+    `encoder_packer`): what the tokenizer file frames; the decoder's start
+    tokens are the seq2seq folder's config."""
+    from keras_hub.layers import StartEndPacker
+
+    name = type(preprocessor).__name__
+    if not preprocessor.built:
+        preprocessor.build(None)
+    packer = getattr(preprocessor, "encoder_packer", None)
+    if not isinstance(packer, StartEndPacker):
+        raise UsageError(
+            f"{name} frames its encoder's input with {type(packer).__name__}, not a "
+            "StartEndPacker; export its `.tokenizer` instead"
+        )
+    return Framing(
+        source=name + ENCODER_SOURCE,
+        start=_tokens(tokenizer, packer.start_value),
+        end=_tokens(tokenizer, packer.end_value),
+        sequence_length=preprocessor.encoder_sequence_length,
+        pad_token=_pad_token(tokenizer, packer.pad_value),
+        padding_side=packer.padding_side,
     )
 
 

@@ -131,6 +131,7 @@ _TESTS = {
     _SPM.USER_DEFINED_GAPS[1]: _user_defined,
     _SPM.UNIGRAM_READER_GAPS[0]: lambda d, t: d.check == "decode" and "\u2047" in d.keras,
     _SPM.UNIGRAM_READER_GAPS[1]: lambda d, t: d.text != d.text.strip() or "  " in d.text,
+    _SPM.UNIGRAM_READER_GAPS[2]: lambda d, t: d.text == "" and _ids_of(d.reader) == [],
     _SPM.BYTE_FALLBACK_GAP: _byte_pieces,
     _HEX_LOOKALIKE_GAP: _hex_lookalike,
     _SPM.BPE_READER_GAPS["prefix"]: lambda d, t: d.check == "decode" and d.reader == " " + d.keras,

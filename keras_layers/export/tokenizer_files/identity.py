@@ -30,7 +30,7 @@ from keras_layers.export.errors import UsageError
 from keras_layers.export.tokenizer_files import gaps
 from keras_layers.export.tokenizer_files.corpus import STRESS_CORPUS
 from keras_layers.export.tokenizer_files.exporting import convert, resolve
-from keras_layers.export.tokenizer_files.framing import known_gaps, read_framing
+from keras_layers.export.tokenizer_files.framing import ENCODER_SOURCE, known_gaps, read_framing
 from keras_layers.export.tokenizer_files.readers import ReaderUnavailable, readers_for
 
 
@@ -243,7 +243,9 @@ def _keras_decode(tokenizer, ids: list) -> str:
 def _keras_framed(preprocessor, framing, texts: list) -> list:
     """keras-hub's framed (ids, mask) rows, as the preprocessor makes them.
 
-    A causal LM frames with `generate_preprocess`; a masked LM masks tokens at
+    A causal LM frames with `generate_preprocess`, as does an encoder-decoder
+    its encoder's input (its decoder's start tokens are not the tokenizer
+    file's); a masked LM masks tokens at
     random when called, so its packer is called on the tokenizer's ids (what
     its call packs before masking); any other is called. A preprocessor whose
     output has no `padding_mask` (FNet) gets keras-hub's rule: ids != pad id.
@@ -255,6 +257,12 @@ def _keras_framed(preprocessor, framing, texts: list) -> list:
     try:
         if framing.source.endswith(".generate_preprocess"):
             output = preprocessor.generate_preprocess(list(texts))
+        elif framing.source.endswith(ENCODER_SOURCE):  # an encoder-decoder's encoder input
+            output = preprocessor.generate_preprocess(list(texts))
+            output = {
+                "token_ids": output["encoder_token_ids"],
+                "padding_mask": output["encoder_padding_mask"],
+            }
         elif isinstance(preprocessor, MaskedLMPreprocessor):
             packed = preprocessor.packer(preprocessor.tokenizer(list(texts)))
             output = {"token_ids": packed[0] if isinstance(packed, tuple) else packed}

@@ -72,6 +72,8 @@ UNIGRAM_READER_GAPS = (
     "SentencePiece writes ' \u2047 '",
     "onnxruntime-extensions' unigram reader always prepends the dummy prefix and folds "
     "whitespace, whatever the normalizer spec says",
+    "onnxruntime-extensions' unigram reader returns no id for an empty text, not even the "
+    "framing's end token (T5's `</s>`)",
 )
 BYTE_FALLBACK_GAP = (
     "onnxruntime-extensions' unigram reader applies byte fallback only for MarianTokenizer: "

@@ -1,0 +1,394 @@
+"""`--task seq2seq-lm -o FOLDER/`: an encoder-decoder as a folder that generates.
+
+The folder `seq2seq_generation` reads (its docstring lists the files): the
+encoder's file and the decoder's, each exported and proved by the pipeline
+(`seq2seq.encoder_model` on the forward grid; the decoder's steps against
+Keras' cached calls, task `seq2seq-decoder`), `seq2seq_config.json`, and, for
+a model saved with its preprocessor, the tokenizer files (the encoder's
+framing inside, proved token-identical on the stress corpus).
+
+Then the folder as a whole is proved before anything is placed: greedy
+generation from the staged folder (`keras_layers.export.generate`, ONNX
+Runtime only) against keras-hub's own `generate_step` with a greedy sampler,
+on encoder inputs of different lengths in one padded batch; with a tokenizer,
+on text too, against `generate` on the same strings (keras-hub's
+preprocessor, its truncation and its detokenizer). Any difference fails the
+export and nothing is placed (`folder_placement`: FOLDER shows the last
+export or this one, never a mix).
+"""
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from keras_layers.export import folder_placement, inputs, loading, pipeline, placement, seq2seq
+from keras_layers.export.errors import ExportError, UsageError, ValidationFailed, argument
+from keras_layers.export.genai_folder import is_folder
+from keras_layers.export.generation import generate
+from keras_layers.export.options import ExportOptions
+from keras_layers.export.seq2seq_generation import (
+    CONFIG_FILE,
+    DECODER_FILE,
+    ENCODER_FILE,
+    FORMAT,
+    Seq2SeqFolder,
+)
+from keras_layers.export.tokenizer_files.exporting import FILE_NAMES as TOKENIZER_FILES
+from keras_layers.export.tokenizer_files.gate import export_tokenizer
+
+REPORT_FILE = "report.json"
+# The folder's proof: greedy tokens after the decoder's start, and the inputs.
+NEW_TOKENS = 12
+ENCODER_LENGTHS = (9, 5, 2)
+PROOF_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Hi",
+    "Machine learning turns text into token ids, 123 times.",
+)
+# Options a seq2seq folder does not take (yet), and why.
+_REFUSED = {
+    "shapes": "the encoder is checked on the forward grid and the decoder by decode steps",
+    "quantize": "int8 and int4 seq2seq folders are not built yet",
+    "report_path": f"the report is FOLDER/{REPORT_FILE}",
+    "preprocessor": "the folder holds the tokenizer of a model saved with its preprocessor",
+    "parts": "the folder already holds one file per part (encoder, decoder)",
+    "channels_first": "an encoder-decoder here reads token ids",
+}
+
+
+@dataclass(frozen=True)
+class Special:
+    """The ids the folder's generation starts, stops and pads with."""
+
+    start: tuple | None  # the decoder's start tokens; None without a preprocessor
+    end: int | None
+    pad: int
+
+
+def _check(options: ExportOptions, output) -> Path:
+    for name, why in _REFUSED.items():
+        value = getattr(options, name)
+        if value not in (None, False):
+            raise UsageError(f"{argument(name, value)}: not taken by --task seq2seq-lm ({why})")
+    path = Path(output) if isinstance(output, str | Path) and str(output) else None
+    if path is None or path.suffix == ".onnx" or path.exists() and not is_folder(path):
+        raise UsageError(
+            f"{argument('output', output)}: --task seq2seq-lm writes a folder (encoder, decoder, "
+            "config, tokenizer); give -o FOLDER/ (a path ending in /)"
+        )
+    return path
+
+
+def special_ids(model) -> Special:
+    """The decoder's start tokens, the end and pad ids, from the preprocessor.
+
+    Args:
+        model: the encoder-decoder.
+
+    Returns:
+        Read from `generate_preprocess("")` (the start tokens keras-hub's
+        generation begins with) and the tokenizer; without a preprocessor,
+        no start tokens and no end id (`generate` then takes a dict with
+        `decoder_token_ids`).
+    """
+    preprocessor = getattr(model, "preprocessor", None)
+    if preprocessor is None:
+        return Special(None, None, 0)
+    packed = preprocessor.generate_preprocess([""])
+    ids = np.asarray(packed["decoder_token_ids"])[0]
+    mask = np.asarray(packed["decoder_padding_mask"])[0].astype(bool)
+    tokenizer = preprocessor.tokenizer
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return Special(tuple(int(t) for t in ids[mask]), tokenizer.end_token_id, int(pad or 0))
+
+
+def folder_config(model, description: seq2seq.Seq2Seq, special: Special) -> dict:
+    """`seq2seq_config.json`: what `seq2seq_generation.Seq2SeqFolder` reads.
+
+    Args:
+        model: the encoder-decoder.
+        description: its sizes.
+        special: its special ids.
+
+    Returns:
+        The config; the position limits are the smallest table of the
+        backbone (the encoder's and the decoder's alike), None where no
+        table bounds them (T5's relative positions).
+    """
+    backbone = getattr(model, "backbone", model)
+    limit, source = inputs.max_sequence_length(backbone)
+    return {
+        "format": FORMAT,
+        "model": type(model).__name__,
+        "encoder": ENCODER_FILE,
+        "decoder": DECODER_FILE,
+        "layers": description.layers,
+        "heads": description.heads,
+        "head_size": description.head_size,
+        "vocabulary": description.vocabulary,
+        "decoder_start_token_ids": None if special.start is None else list(special.start),
+        "end_token_id": special.end,
+        "pad_token_id": special.pad,
+        "max_encoder_length": limit,
+        "max_decoder_length": limit,
+        "positions_from": source,
+    }
+
+
+def keras_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, end) -> list:
+    """keras-hub's own greedy generation on ids: `generate_step` with a
+    greedy sampler (the model's compiled sampler set back after).
+
+    Args:
+        model: the encoder-decoder.
+        encoder_ids: (batch, length) ids, right-padded.
+        encoder_mask: booleans like them.
+        prompts: the decoder's start tokens (batch, n).
+        new_tokens: tokens each row gains.
+        end: the end id, or None.
+
+    Returns:
+        Each row's tokens after its prompt, up to its end token included.
+    """
+    from keras_hub.samplers import GreedySampler
+
+    batch, start = prompts.shape
+    decoder = np.zeros((batch, start + new_tokens), "int32")
+    decoder[:, :start] = prompts
+    mask = np.zeros(decoder.shape, bool)
+    mask[:, :start] = True
+    sampler = model.sampler
+    model.sampler = GreedySampler()
+    try:
+        output = model.generate_step(
+            {
+                "encoder_token_ids": encoder_ids.astype("int32"),
+                "encoder_padding_mask": encoder_mask.astype(bool),
+                "decoder_token_ids": decoder,
+                "decoder_padding_mask": mask,
+            },
+            stop_token_ids=None if end is None else (end,),
+        )
+    finally:
+        model.sampler = sampler
+    return [_until_end(row[start:], end) for row in np.asarray(output["decoder_token_ids"])]
+
+
+def _until_end(row, end) -> list:
+    row = [int(token) for token in row]
+    return row[: row.index(end) + 1] if end is not None and end in row else row
+
+
+def _keras_text(model, texts: list, max_length: int) -> list:
+    """keras-hub's `generate` on strings with a greedy sampler."""
+    from keras_hub.samplers import GreedySampler
+
+    sampler, function = model.sampler, model.generate_function
+    model.sampler, model.generate_function = GreedySampler(), None
+    try:
+        output = model.generate(list(texts), max_length=max_length)
+    finally:
+        model.sampler, model.generate_function = sampler, function
+    return [str(text) for text in output]
+
+
+def _proof_inputs(description: seq2seq.Seq2Seq, config: dict) -> tuple:
+    limit = config["max_encoder_length"] or max(ENCODER_LENGTHS)
+    lengths = np.minimum(np.array(ENCODER_LENGTHS), limit)
+    rng = np.random.default_rng(0)
+    mask = np.arange(lengths.max()) < lengths[:, None]
+    ids = np.where(mask, rng.integers(1, description.vocabulary, mask.shape), 0)
+    return ids.astype("int32"), mask
+
+
+def composed(model, staged: Path, description, options: ExportOptions) -> dict:
+    """The two files together, teacher-forced: the decoder's steps fed the
+    encoder file's keys and values (each file was proved alone, the decoder
+    on Keras' own), each call's logits against Keras' cached calls. Unlike
+    greedy tokens, which a random model repeats whatever its input, the
+    logits move with every input.
+
+    Args:
+        model: the encoder-decoder.
+        staged: the staged folder.
+        description: its sizes.
+        options: the export's tolerances.
+
+    Returns:
+        `{"equal", "checks", "error"}`: the prompt's check and the decode steps'.
+    """
+    reference = seq2seq.decoder_references(model, description)
+    cross = Seq2SeqFolder(staged).encode(reference.encoder_ids, reference.encoder_mask == 1)
+    fed = replace(reference, cross=cross)
+    checked = seq2seq.validate_decoder(fed, staged / DECODER_FILE, options.atol, options.rtol)
+    return {
+        "equal": checked.passed,
+        "checks": [asdict(check) for check in checked.checks],
+        "error": checked.error,
+    }
+
+
+def prove_folder(
+    model, staged: Path, description, config: dict, special: Special, options: ExportOptions
+) -> dict:
+    """The staged folder against keras-hub: its files together
+    (`composed`), and greedy generation against keras-hub's own.
+
+    Args:
+        model: the encoder-decoder.
+        staged: the staged folder (every file written).
+        description: its sizes.
+        config: its `seq2seq_config.json`.
+        special: its special ids.
+        options: the export's tolerances.
+
+    Returns:
+        `{"passed", "composed", "ids": {...}, "text": {...} (with a
+        tokenizer)}`: the composed logits' checks, then the greedy parts,
+        each with the inputs, the tokens (or texts) of both sides and whether
+        they are equal.
+    """
+    ids, mask = _proof_inputs(description, config)
+    start = special.start or (1,)
+    prompts = np.array([start] * len(ids), "int32")
+    new = NEW_TOKENS
+    if config["max_decoder_length"] is not None:
+        new = min(new, config["max_decoder_length"] - len(start))
+    expected = keras_greedy(model, ids, mask, prompts, new, special.end)
+    feeds = {"encoder_token_ids": ids, "encoder_padding_mask": mask, "decoder_token_ids": prompts}
+    tokens = generate(staged, feeds, new, end_token_id=special.end)
+    got = [_until_end(row[len(start) :], special.end) for row in tokens]
+    result = {
+        "composed": composed(model, staged, description, options),
+        "ids": {
+            "encoder_lengths": [int(n) for n in mask.sum(axis=1)],
+            "new_tokens": new,
+            "keras": expected,
+            "onnx": got,
+            "equal": got == expected,
+        },
+    }
+    if (staged / "tokenizer.json").is_file():
+        keras_texts = _keras_text(model, PROOF_TEXTS, len(start) + new)
+        onnx_texts = generate(staged, list(PROOF_TEXTS), new)
+        result["text"] = {
+            "inputs": list(PROOF_TEXTS),
+            "keras": keras_texts,
+            "onnx": onnx_texts,
+            "equal": keras_texts == onnx_texts,
+        }
+    result["passed"] = all(part["equal"] for part in result.values())
+    return result
+
+
+def _failure(proof: dict) -> str:
+    part = proof["composed"]
+    if not part["equal"]:
+        failed = [check for check in part["checks"] if not check["passed"]]
+        said = part["error"] or (
+            f"{failed[0]['shape']}: max |diff| {failed[0]['max_abs_diff']:.3g}" if failed else ""
+        )
+        return f"the encoder's and the decoder's files together differ from Keras ({said})"
+    for kind, part in proof.items():
+        if kind in ("passed", "composed") or part["equal"]:
+            continue
+        pairs = zip(part["keras"], part["onnx"], strict=True)
+        row = next(i for i, (keras, onnx) in enumerate(pairs) if keras != onnx)
+        return (
+            f"greedy generation from the folder differs from keras-hub's on {kind} row {row}: "
+            f"keras-hub {part['keras'][row]!r}, the folder {part['onnx'][row]!r}"
+        )
+    return ""
+
+
+def _export_files(model, description, staging: Path, folder: Path, options, progress) -> dict:
+    """The encoder's file and the decoder's, each through the pipeline, staged."""
+    nothing = f"Nothing was placed: {folder} is as it was."
+    parts = (
+        ("encoder", ENCODER_FILE, seq2seq.encoder_model(model, description), "forward"),
+        ("decoder", DECODER_FILE, model, "seq2seq-decoder"),
+    )
+    reports = {}
+    for name, file, keras_model, task in parts:
+        inner = replace(options, report_path=staging / f".{name}.json")
+        try:
+            part = pipeline.export_model(
+                keras_model, staging / file, inner, task=task, progress=progress
+            )
+        except ValidationFailed as error:
+            message = f"the {name} ({file}): {error.reason}. {nothing}"
+            raise ValidationFailed(message, error.report, error.reason) from error
+        except ExportError as error:
+            raise type(error)(f"the {name} ({file}): {error}. {nothing}") from error
+        (staging / f".{name}.json").unlink()
+        part["onnx_path"] = str(folder / file)
+        reports[name] = part
+    return reports
+
+
+def export_folder(model, folder, options: ExportOptions, *, progress=None) -> dict:
+    """Export an encoder-decoder as a folder that generates, proved, then placed.
+
+    Args:
+        model: a keras-hub `Seq2SeqLM` (or a model with its protocol,
+            `seq2seq.describe`) in memory, or the path of a `.keras` file.
+        folder: the folder to write (any path but an `.onnx` file's or an
+            existing file's; made where missing).
+        options: the export's options (`_REFUSED` lists those not taken).
+        progress: called with a `pipeline.StageEvent` as each file's stages
+            start and end.
+
+    Returns:
+        The report (also `FOLDER/report.json`): `passed`, `encoder`,
+        `decoder` (each file's export report), `tokenizer`, `config` and
+        `generation` (`prove_folder`).
+
+    Raises:
+        UsageError: an option is refused, the output is no folder, or the
+            model does not follow the protocol (naming `--task causal-lm` for
+            a decoder-only model).
+        ConversionError, ValidationFailed: a file or the folder's generation
+            fails; nothing is placed.
+
+    Example:
+
+    >>> import keras_hub
+    >>> backbone = keras_hub.models.BartBackbone(vocabulary_size=40, num_layers=1,
+    ...     num_heads=2, hidden_dim=8, intermediate_dim=16, max_sequence_length=16)
+    >>> model = keras_hub.models.BartSeq2SeqLM(backbone)
+    >>> report = export_folder(model, tmp / "bart", ExportOptions())
+    >>> report["passed"], report["generation"]["ids"]["equal"]
+    (True, True)
+    >>> sorted(p.name for p in (tmp / "bart").iterdir() if not p.name.startswith("."))
+    ['decoder_with_past_model.onnx', 'encoder_model.onnx', 'report.json', 'seq2seq_config.json']
+    """
+    options = pipeline.checked_options(options)
+    folder = _check(options, folder)
+    if isinstance(model, str | Path):
+        model = loading.load(model, imports=options.imports, unsafe=options.unsafe).model
+    description = seq2seq.describe(model)
+    special = special_ids(model)
+    config = folder_config(model, description, special)
+    preprocessor = getattr(model, "preprocessor", None)
+    tokenizer_files = list(TOKENIZER_FILES) if preprocessor is not None else []
+    files = [ENCODER_FILE, DECODER_FILE, CONFIG_FILE, REPORT_FILE, *tokenizer_files]
+    folder_placement.check_names(folder, files, [])
+    nothing = f"Nothing was placed: {folder} is as it was."
+    report = {"task": "seq2seq-lm", "folder": str(folder)}
+    with folder_placement.staging(folder) as staging:
+        report.update(_export_files(model, description, staging, folder, options, progress))
+        if preprocessor is not None:
+            report["tokenizer"] = export_tokenizer(preprocessor, staging).report()
+        placement.write_json(config, staging / CONFIG_FILE)
+        report["config"] = config
+        proof = prove_folder(model, staging, description, config, special, options)
+        report["generation"] = proof
+        report["passed"] = proof["passed"]
+        report["report_path"] = str(folder / REPORT_FILE)
+        if not proof["passed"]:
+            reason = _failure(proof)
+            raise ValidationFailed(f"{reason}. {nothing}", report, reason)
+        placement.write_json(report, staging / REPORT_FILE)
+        folder_placement.place_folder(staging, folder)
+    return report

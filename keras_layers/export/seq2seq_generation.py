@@ -1,0 +1,398 @@
+"""Generate with an encoder-decoder folder (`--task seq2seq-lm -o FOLDER/`): ONNX Runtime and NumPy.
+
+The folder (`seq2seq_folder` writes it) holds:
+
+- `encoder_model.onnx`: `input_ids` and `attention_mask` in; the encoder's
+  `last_hidden_state` and each decoder layer's cross-attention keys and
+  values (`present.{i}.encoder.key/value`) out, computed once per input;
+- `decoder_with_past_model.onnx`: `input_ids`, `encoder_attention_mask` and
+  `past_key_values.{i}.decoder/encoder.key/value` in (the decoder's own past
+  growing, empty on the first call; the encoder's as the encoder returned
+  them); `logits` and `present.{i}.decoder.key/value` out;
+- `seq2seq_config.json`: the sizes, the decoder's start tokens, the end and
+  pad ids and the positions the model's tables hold (`Seq2SeqFolder`);
+- with a model saved with its preprocessor, `tokenizer.json` (its encoder's
+  framing inside: start and end tokens, truncation).
+
+`generate` (the one of `keras_layers.export`, which hands such a folder to
+this module) takes what keras-hub's `Seq2SeqLM.generate` takes: text with a
+tokenizer; or the encoder's ids (the decoder starts from the folder's start
+tokens); or, as keras-hub takes them without a preprocessor, a dict of
+`encoder_token_ids`, `encoder_padding_mask`, `decoder_token_ids` and
+`decoder_padding_mask`. Decoder prompts of different lengths run in lockstep
+(`decoding.lockstep`), as keras-hub's samplers run them.
+
+Every argument is checked before the encoder runs, against the folder:
+ids within the vocabulary, the encoder's input within its position table,
+the decoder's prompt and new tokens within its own. Nothing here imports
+TensorFlow or Keras.
+"""
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from keras_layers.export import decoding
+from keras_layers.export.decoding import _said, _shown
+from keras_layers.export.errors import DecoderFileError
+
+ENCODER_FILE = "encoder_model.onnx"
+DECODER_FILE = "decoder_with_past_model.onnx"
+CONFIG_FILE = "seq2seq_config.json"
+FORMAT = "keras-layers seq2seq-lm"
+# The keys a dict of ids may hold: keras-hub's `Seq2SeqLM.generate` inputs.
+DICT_KEYS = (
+    "encoder_token_ids",
+    "encoder_padding_mask",
+    "decoder_token_ids",
+    "decoder_padding_mask",
+)
+_AGAIN = "export the model again with --task seq2seq-lm -o FOLDER/"
+
+
+def is_seq2seq_folder(path) -> bool:
+    """Whether `path` is a folder holding `seq2seq_config.json`.
+
+    Args:
+        path: anything `generate` was given as its file.
+
+    Returns:
+        True for a folder `--task seq2seq-lm -o FOLDER/` wrote.
+    """
+    if not isinstance(path, str | os.PathLike):
+        return False
+    try:
+        return (Path(path) / CONFIG_FILE).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What `seq2seq_config.json` says, each value checked."""
+
+    layers: int
+    vocabulary: int
+    decoder_start_token_ids: tuple | None  # None: give decoder_token_ids
+    end_token_id: int | None
+    pad_token_id: int
+    max_encoder_length: int | None  # None: no position table bounds it
+    max_decoder_length: int | None
+
+
+def _count(config: dict, key: str, path: Path, none_allowed: bool, least: int = 0):
+    value = config.get(key)
+    if value is None and none_allowed:
+        return None
+    if not decoding._is_int(value) or value < least:
+        raise DecoderFileError(path, f'"{key}" is {_shown(value)}: not an int >= {least}; {_AGAIN}')
+    return int(value)
+
+
+def read_settings(path: Path) -> Settings:
+    """Read and check a folder's `seq2seq_config.json`.
+
+    Args:
+        path: the file.
+
+    Returns:
+        Its settings.
+
+    Raises:
+        DecoderFileError: the file cannot be read, or a value is missing or
+            of the wrong kind (named).
+    """
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as error:
+        raise DecoderFileError(
+            path, f"cannot read it as JSON ({_said(error)}); {_AGAIN}"
+        ) from error
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        shown = _shown(config.get("format") if isinstance(config, dict) else config)
+        raise DecoderFileError(path, f'"format" is {shown}, not {FORMAT!r}; {_AGAIN}')
+    starts = config.get("decoder_start_token_ids")
+    if starts is not None and (
+        not isinstance(starts, list) or not starts or not all(decoding._is_int(t) for t in starts)
+    ):
+        raise DecoderFileError(
+            path, f'"decoder_start_token_ids" is {_shown(starts)}: not a list of ids; {_AGAIN}'
+        )
+    settings = Settings(
+        layers=_count(config, "layers", path, False, 1),
+        vocabulary=_count(config, "vocabulary", path, False, 1),
+        decoder_start_token_ids=None if starts is None else tuple(int(t) for t in starts),
+        end_token_id=_count(config, "end_token_id", path, True),
+        pad_token_id=_count(config, "pad_token_id", path, False),
+        max_encoder_length=_count(config, "max_encoder_length", path, True, 1),
+        max_decoder_length=_count(config, "max_decoder_length", path, True, 1),
+    )
+    ids = [*(settings.decoder_start_token_ids or ()), settings.end_token_id, settings.pad_token_id]
+    outside = [token for token in ids if token is not None and token >= settings.vocabulary]
+    if outside:
+        raise DecoderFileError(
+            path, f"token id {outside[0]} lies outside the vocabulary [0, {settings.vocabulary})"
+        )
+    return settings
+
+
+def _session(path: Path):
+    import onnxruntime as ort
+
+    if not path.is_file():
+        raise DecoderFileError(path, f"missing from the folder; {_AGAIN}")
+    try:
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as error:  # noqa: BLE001 - InvalidProtobuf, Fail, ...: ONNX Runtime's own
+        raise DecoderFileError(
+            path, f"ONNX Runtime cannot load it ({_said(error)}); {_AGAIN}"
+        ) from error
+
+
+class Seq2SeqFolder:
+    """The two sessions of an encoder-decoder folder and its settings.
+
+    Args:
+        folder: the folder `--task seq2seq-lm -o FOLDER/` wrote.
+
+    Raises:
+        DecoderFileError: a file of the folder is missing, damaged or not
+            what the export writes.
+    """
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self.settings = read_settings(self.folder / CONFIG_FILE)
+        self.encoder = _session(self.folder / ENCODER_FILE)
+        self.decoder = _session(self.folder / DECODER_FILE)
+        layers = range(self.settings.layers)
+        self.cross_names = [f"present.{i}.encoder.{k}" for i in layers for k in ("key", "value")]
+        encoder_inputs = {value.name: value for value in self.encoder.get_inputs()}
+        decoder_inputs = {value.name: value for value in self.decoder.get_inputs()}
+        encoder_outputs = {value.name for value in self.encoder.get_outputs()}
+        wanted = {"input_ids", "attention_mask"} <= set(encoder_inputs) and set(
+            self.cross_names
+        ) <= encoder_outputs
+        past = [f"past_key_values.{i}.decoder.{k}" for i in layers for k in ("key", "value")]
+        if not wanted or not {"input_ids", "encoder_attention_mask", *past} <= set(decoder_inputs):
+            raise DecoderFileError(
+                self.folder,
+                f"its files are not an encoder and a decoder with {self.settings.layers} layers' "
+                f"caches, as seq2seq_config.json says; {_AGAIN}",
+            )
+        self.past = [decoder_inputs[name] for name in past]
+        self.ids_dtype = decoding._numpy_dtype(
+            decoder_inputs["input_ids"].type, "input_ids", self.folder / DECODER_FILE
+        )
+
+    def encode(self, token_ids: np.ndarray, mask: np.ndarray) -> list:
+        """The encoder's cross-attention keys and values of a padded batch.
+
+        Args:
+            token_ids: (batch, length) ids.
+            mask: booleans like `token_ids`, True on tokens.
+
+        Returns:
+            `2 * layers` arrays (batch, heads, length, head size), key first.
+        """
+        feeds = {"input_ids": token_ids.astype(np.int32), "attention_mask": mask.astype(np.int32)}
+        return self.encoder.run(self.cross_names, feeds)
+
+    def stepper(self, cross: list, mask: np.ndarray):
+        """A function of the decoder's new tokens giving their logits, its
+        own past kept inside, the encoder's read from `cross`.
+
+        Args:
+            cross: `encode`'s keys and values.
+            mask: the encoder's mask (batch, length).
+
+        Returns:
+            `step(token_ids) -> logits`.
+        """
+        batch = mask.shape[0]
+        own = [
+            np.zeros((batch, value.shape[1], 0, value.shape[3]), cross[0].dtype)
+            for value in self.past
+        ]
+        fixed = {"encoder_attention_mask": mask.astype(np.int32)}
+        for i in range(self.settings.layers):
+            for k, kind in enumerate(("key", "value")):
+                fixed[f"past_key_values.{i}.encoder.{kind}"] = cross[2 * i + k]
+
+        def step(token_ids):
+            feeds = {**fixed, "input_ids": token_ids.astype(self.ids_dtype)}
+            for value, cache in zip(self.past, own, strict=True):
+                feeds[value.name] = cache
+            logits, *own[:] = self.decoder.run(None, feeds)
+            return logits
+
+        return step
+
+
+def _check_within(name: str, ids: np.ndarray, mask: np.ndarray, vocabulary: int) -> None:
+    outside = np.argwhere(mask & ((ids < 0) | (ids >= vocabulary)))
+    if len(outside):
+        row, position = outside[0]
+        raise ValueError(
+            f"{name}[{row}, {position}]={int(ids[row, position])}: outside the vocabulary "
+            f"[0, {vocabulary}) of the folder's model"
+        )
+
+
+def _check_length(name: str, length: int, limit: int | None, what: str) -> None:
+    if limit is not None and length > limit:
+        raise ValueError(
+            f"{name}: {length} tokens, but the model's position table holds {limit} {what}; "
+            "give a shorter input or fewer max_new_tokens"
+        )
+
+
+def _from_dict(inputs: dict, settings: Settings) -> tuple:
+    """keras-hub's dict of ids, each part checked."""
+    unknown = sorted(set(inputs) - set(DICT_KEYS), key=str)
+    if unknown or "encoder_token_ids" not in inputs:
+        raise ValueError(
+            f"token_ids: a dict of keys {sorted(inputs, key=str)}; give keras-hub's "
+            f"{', '.join(DICT_KEYS)} (encoder_token_ids at least)"
+        )
+    encoder = decoding._check_ids(inputs["encoder_token_ids"])
+    mask = decoding._check_mask(inputs.get("encoder_padding_mask"), encoder.shape)
+    if "decoder_token_ids" in inputs:
+        decoder = decoding._check_ids(inputs["decoder_token_ids"])
+        if decoder.shape[0] != encoder.shape[0]:
+            raise ValueError(
+                f"decoder_token_ids of shape {decoder.shape}: encoder_token_ids has "
+                f"{encoder.shape[0]} rows; give one decoder prompt a row"
+            )
+        decoder_mask = decoding._check_mask(inputs.get("decoder_padding_mask"), decoder.shape)
+        return encoder, mask, decoder, decoder_mask
+    if "decoder_padding_mask" in inputs:
+        raise ValueError("decoder_padding_mask without decoder_token_ids: give both, or neither")
+    return (encoder, mask, *_start_prompts(settings, encoder.shape[0]))
+
+
+def _start_prompts(settings: Settings, batch: int) -> tuple:
+    if settings.decoder_start_token_ids is None:
+        raise ValueError(
+            "the folder names no decoder start tokens (the model was exported without its "
+            "preprocessor): give a dict with decoder_token_ids, as keras-hub's generate takes it"
+        )
+    starts = np.array([settings.decoder_start_token_ids] * batch)
+    return starts, np.ones(starts.shape, bool)
+
+
+def generate(folder, token_ids, max_new_tokens, padding_mask, end_token_id, pad_token_id, sampling):
+    """`keras_layers.export.generate` on a seq2seq folder (its docstring says
+    what each argument is); every argument checked before the encoder runs.
+
+    Args:
+        folder: the folder.
+        token_ids: text, the encoder's ids, or keras-hub's dict of ids.
+        max_new_tokens: tokens each row gains, at least 1.
+        padding_mask: the encoder's mask with ids (None: all tokens).
+        end_token_id: a row stops after this id (None: the folder's end token).
+        pad_token_id: written after each row's end (ids only).
+        sampling: `sampler`, `seed`, `top_k`, `top_p`, `temperature`.
+
+    Returns:
+        Text: the new text of each input. Ids: (batch, decoder prompt length
+        + max_new_tokens), each row's decoder prompt, its new tokens, then
+        the pad id.
+
+    Raises:
+        DecoderFileError: a file of the folder is damaged.
+        ValueError: an argument is out of range or too long for the model's
+            positions (`ArgumentTypeError` for the wrong type).
+    """
+    text = decoding._is_text(token_ids)
+    if text:
+        decoding._check_text(token_ids, padding_mask, pad_token_id)
+    decoding._check_count(max_new_tokens)
+    pick = decoding._picker(**sampling)
+    decoding._check_token_type("end_token_id", end_token_id, none_allowed=True)
+    decoding._check_token_type("pad_token_id", pad_token_id, none_allowed=False)
+    model = Seq2SeqFolder(folder)
+    settings = model.settings
+    end = settings.end_token_id if end_token_id is None else end_token_id
+    for name, value in (("end_token_id", end), ("pad_token_id", pad_token_id)):
+        if value is not None and not 0 <= value < settings.vocabulary:
+            raise ValueError(
+                f"{name}={value}: outside the vocabulary [0, {settings.vocabulary}) of the model"
+            )
+    if text:
+        encoder, mask, tokenizer = _encoded(model, token_ids)
+        decoder, decoder_mask = _start_prompts(settings, encoder.shape[0])
+    elif isinstance(token_ids, dict):
+        encoder, mask, decoder, decoder_mask = _from_dict(token_ids, settings)
+    else:
+        encoder = decoding._check_ids(token_ids)
+        mask = decoding._check_mask(padding_mask, encoder.shape)
+        decoder, decoder_mask = _start_prompts(settings, encoder.shape[0])
+    _check_within("encoder_token_ids", encoder, mask, settings.vocabulary)
+    _check_within("decoder_token_ids", decoder, decoder_mask, settings.vocabulary)
+    _check_length("the encoder's input", encoder.shape[1], settings.max_encoder_length, "")
+    total = int(decoder_mask.sum(axis=1).max()) + int(max_new_tokens)
+    _check_length(
+        f"the decoder's prompt and max_new_tokens={max_new_tokens}",
+        total,
+        settings.max_decoder_length,
+        "for the decoder",
+    )
+    tokens = _run(
+        model, encoder, mask, decoder, decoder_mask, int(max_new_tokens), pick, end, pad_token_id
+    )
+    if not text:
+        return tokens
+    return _decoded(tokenizer, model, tokens, decoder.shape[1], end, token_ids)
+
+
+def _run(model, encoder, mask, decoder, decoder_mask, max_new_tokens, pick, end, pad):
+    mask = mask.astype(bool)
+    encoder = np.where(mask, encoder, 0)
+    step = model.stepper(model.encode(encoder, mask), mask)
+    return decoding.lockstep(
+        step, model.ids_dtype, decoder, decoder_mask, max_new_tokens, pick, end, pad
+    )
+
+
+def _encoded(model: Seq2SeqFolder, prompts) -> tuple:
+    """Text encoded by the folder's tokenizer (framing and truncation as
+    keras-hub's preprocessor frames the encoder's input), padded."""
+    path = model.folder / "tokenizer.json"
+    if not path.is_file():
+        raise ValueError(
+            f"token_ids={_shown(prompts)}: text needs a tokenizer, and {model.folder} has no "
+            "tokenizer.json (the model was exported without its preprocessor); give token ids"
+        )
+    tokenizer = decoding._folder_tokenizer(path, truncate=True)
+    rows = []
+    for index, text in enumerate(decoding._texts(prompts)):
+        with decoding._tokenizer_failures(path, f"fails on input {index}"):
+            rows.append(tokenizer.encode(text).ids)
+        if not rows[-1]:
+            raise ValueError(
+                f"{decoding._prompt(prompts, index)}={_shown(text)}: encodes to no token; "
+                "give an input of at least one token"
+            )
+    ids = np.zeros((len(rows), max(len(row) for row in rows)), np.int64)
+    mask = np.zeros(ids.shape, bool)
+    for index, row in enumerate(rows):
+        ids[index, : len(row)], mask[index, : len(row)] = row, True
+    return ids, mask, tokenizer
+
+
+def _decoded(tokenizer, model, tokens, start: int, end, prompts):
+    path = model.folder / "tokenizer.json"
+    decoded = []
+    for index, row in enumerate(tokens.tolist()):
+        new = row[start:]
+        new = new[: new.index(end)] if end is not None and end in new else new
+        with decoding._tokenizer_failures(path, f"fails on the new tokens of input {index}"):
+            decoded.append(tokenizer.decode(new, skip_special_tokens=True))
+    return decoded[0] if isinstance(prompts, str) else decoded
+
+
+__all__ = ["Seq2SeqFolder", "generate", "is_seq2seq_folder"]
