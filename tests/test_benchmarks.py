@@ -258,3 +258,16 @@ def test_int8_cnn_benchmark_quick_mode_records_the_gate_and_both_times():
     assert report["int8"]["latency"]["float32_ms"] > 0 and report["int8"]["latency"]["int8_ms"] > 0
     assert report["peak_rss_bytes"] >= report["built_rss_bytes"] > 0
     assert (results_io.RESULTS / "int8_cnn.quick.json").exists()
+
+
+def test_seq2seq_benchmark_quick_mode_times_both_sides_on_the_same_tokens():
+    from benchmarks import seq2seq
+
+    report = seq2seq.main(["--quick", "--rounds", "2"])
+    assert report["export"]["passed"]
+    assert [row["batch"] for row in report["rows"]] == [1, 8]
+    for row in report["rows"]:
+        assert row["ours"]["ms"] > 0 and row["keras_hub"]["ms"] > 0
+        assert row["same_tokens"]  # the same greedy tokens, or the timing compares nothing
+    written = json.loads((results_io.RESULTS / "seq2seq.quick.json").read_text())
+    assert written["rows"] == report["rows"]
