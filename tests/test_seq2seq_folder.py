@@ -242,6 +242,16 @@ def test_a_damaged_config_is_named(exported, tmp_path):
         generate(damaged, "text", 2)
 
 
+def test_a_damaged_tokenizer_is_named_with_the_seq2seq_export_to_run_again(exported, tmp_path):
+    _, folder, _ = exported
+    damaged = tmp_path / "damaged"
+    shutil.copytree(folder, damaged)
+    (damaged / "tokenizer.json").unlink()
+    (damaged / "tokenizer.json").write_text('{"model": 3}')
+    with pytest.raises(DecoderFileError, match=r"tokenizer.json: .*--task seq2seq-lm -o FOLDER/"):
+        generate(damaged, "text", 2)
+
+
 def test_generating_imports_neither_tensorflow_nor_keras(exported):
     _, folder, _ = exported
     code = f"""

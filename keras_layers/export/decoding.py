@@ -298,17 +298,17 @@ def _check_text(prompts, padding_mask, pad_token_id) -> None:
             ) from error
 
 
-def _folder_tokenizer(path: Path, truncate: bool = False):
+def _folder_tokenizer(path: Path, truncate: bool = False, again: str = _FOLDER_AGAIN):
     """The folder's `tokenizer.json`, as it encodes: no padding, and no
     truncation unless `truncate` (an encoder's input, truncated as keras-hub's
-    preprocessor truncates it)."""
+    preprocessor truncates it); `again` says how to write the folder anew."""
     try:
         from tokenizers import Tokenizer
     except ImportError as error:
         raise ValueError(
             "text prompts need the tokenizers library: pip install 'keras-layers[text]'"
         ) from error
-    with _tokenizer_failures(path, "cannot read it"):
+    with _tokenizer_failures(path, "cannot read it", again):
         tokenizer = Tokenizer.from_file(str(path))
         tokenizer.no_padding()
         if not truncate:
@@ -328,18 +328,78 @@ def _is_rust_panic(error: BaseException) -> bool:
 
 
 @contextmanager
-def _tokenizer_failures(path: Path, doing: str) -> Iterator[None]:
+def _tokenizer_failures(path: Path, doing: str, again: str = _FOLDER_AGAIN) -> Iterator[None]:
     """What the tokenizers library raises in the block, a Rust panic
-    included, as a `DecoderFileError` on `path`: the prompts are checked
-    before, so the file is at fault. KeyboardInterrupt and SystemExit pass."""
+    included, as a `DecoderFileError` on `path` ending with `again` (how to
+    write the folder anew): the prompts are checked before, so the file is
+    at fault. KeyboardInterrupt and SystemExit pass."""
     try:
         yield
     except BaseException as error:
         if not (isinstance(error, Exception) or _is_rust_panic(error)):
             raise
         raise DecoderFileError(
-            path, f"the tokenizers library {doing} ({_said(error)}); {_FOLDER_AGAIN}"
+            path, f"the tokenizers library {doing} ({_said(error)}); {again}"
         ) from error
+
+
+def encode_texts(tokenizer, path: Path, prompts, what: str, empty: str, again: str) -> list:
+    """Each text's ids by a folder's tokenizer; a text of no token refused.
+
+    Args:
+        tokenizer: from `_folder_tokenizer(path)`.
+        path: its file, named when the library fails.
+        prompts: one string or a list of them (checked by `_check_text`).
+        what: what a text is called in a failure ("prompt", "input").
+        empty: why an empty result is refused, and what to do.
+        again: how to write the folder anew.
+
+    Returns:
+        One list of ids a text.
+
+    Raises:
+        ValueError: a text encodes to no token.
+        DecoderFileError: the library fails on a text.
+    """
+    rows = []
+    for index, text in enumerate(_texts(prompts)):
+        with _tokenizer_failures(path, f"fails on {what} {index}", again):
+            rows.append(tokenizer.encode(text).ids)
+        if not rows[-1]:
+            raise ValueError(f"{_prompt(prompts, index)}={_shown(text)}: {empty}")
+    return rows
+
+
+def right_padded(rows: list) -> tuple:
+    """Rows of ids as one int64 array, right-padded with 0, and its mask."""
+    ids = np.zeros((len(rows), max(len(row) for row in rows)), np.int64)
+    mask = np.zeros(ids.shape, bool)
+    for index, row in enumerate(rows):
+        ids[index, : len(row)], mask[index, : len(row)] = row, True
+    return ids, mask
+
+
+def decode_texts(tokenizer, path: Path, new_rows: list, end, prompts, what: str, again: str):
+    """Each row's new tokens, up to its end token, as text.
+
+    Args:
+        tokenizer: from `_folder_tokenizer(path)`.
+        path: its file, named when the library fails.
+        new_rows: each row's new ids (lists).
+        end: the end id (not decoded, nor what follows it), or None.
+        prompts: the texts generated from (one string: one string back).
+        what: what a text is called in a failure ("prompt", "input").
+        again: how to write the folder anew.
+
+    Returns:
+        One string, or a list of them, as `prompts` was given.
+    """
+    decoded = []
+    for index, new in enumerate(new_rows):
+        new = new[: new.index(end)] if end is not None and end in new else new
+        with _tokenizer_failures(path, f"fails on the new tokens of {what} {index}", again):
+            decoded.append(tokenizer.decode(new, skip_special_tokens=True))
+    return decoded[0] if isinstance(prompts, str) else decoded
 
 
 def lockstep(step, dtype, token_ids, mask, max_new_tokens, pick, end_token_id, pad_token_id):

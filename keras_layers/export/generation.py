@@ -74,12 +74,12 @@ from keras_layers.export.decoding import (
     _is_text,
     _numpy_dtype,
     _picker,
-    _prompt,
     _said,
     _shown,
-    _texts,
-    _tokenizer_failures,
+    decode_texts,
+    encode_texts,
     lockstep,
+    right_padded,
 )
 from keras_layers.export.errors import DecoderFileError
 
@@ -644,30 +644,19 @@ def _generate_text(onnx_path, prompts, max_new_tokens, end_token_id, sampling: d
     tokenizer_path = folder / "tokenizer.json"
     tokenizer = _folder_tokenizer(tokenizer_path)
     folder_end = _folder_end_token(folder / "genai_config.json")
-    rows = []
-    for index, text in enumerate(_texts(prompts)):
-        with _tokenizer_failures(tokenizer_path, f"fails on prompt {index}"):
-            rows.append(tokenizer.encode(text).ids)
-        if not rows[-1]:
-            raise ValueError(
-                f"{_prompt(prompts, index)}={_shown(text)}: this prompt encodes to no token (the "
-                "folder's tokenizer adds no start token); give a prompt of at least one token"
-            )
+    empty = (
+        "this prompt encodes to no token (the folder's tokenizer adds no start token); give a "
+        "prompt of at least one token"
+    )
+    rows = encode_texts(tokenizer, tokenizer_path, prompts, "prompt", empty, _FOLDER_AGAIN)
     decoder = CachedDecoder(folder / "model.onnx")
     _check_folder_ids(decoder, folder, folder_end, rows)
     end = folder_end if end_token_id is None else end_token_id
-    ids = np.zeros((len(rows), max(len(row) for row in rows)), np.int64)
-    mask = np.zeros(ids.shape, bool)
-    for index, row in enumerate(rows):
-        ids[index, : len(row)], mask[index, : len(row)] = row, True
+    ids, mask = right_padded(rows)
     tokens = generate(decoder, ids, max_new_tokens, padding_mask=mask, end_token_id=end, **sampling)
-    decoded = []
-    for index, (row, prompt) in enumerate(zip(tokens.tolist(), rows, strict=True)):
-        new = row[len(prompt) : len(prompt) + int(max_new_tokens)]
-        new = new[: new.index(end)] if end in new else new
-        with _tokenizer_failures(tokenizer_path, f"fails on the new tokens of prompt {index}"):
-            decoded.append(tokenizer.decode(new, skip_special_tokens=True))
-    return decoded[0] if isinstance(prompts, str) else decoded
+    new = int(max_new_tokens)
+    new_rows = [row[len(p) : len(p) + new] for row, p in zip(tokens.tolist(), rows, strict=True)]
+    return decode_texts(tokenizer, tokenizer_path, new_rows, end, prompts, "prompt", _FOLDER_AGAIN)
 
 
 def _folder_end_token(path: Path) -> int:

@@ -45,6 +45,7 @@ from keras_layers.export.causal_lm import _cache_writes_as_appends, _merge
 from keras_layers.export.compat import original, patched
 from keras_layers.export.errors import UsageError, one_line
 from keras_layers.export.loading import TensorInfo
+from keras_layers.export.seq2seq_generation import decoder_stepper
 from keras_layers.export.tracing import trace_call
 
 # The arguments of `call_decoder_with_cache` the protocol passes by name.
@@ -437,19 +438,13 @@ def validate_decoder(reference: DecoderReference, onnx_path, atol, rtol, lean_me
     if isinstance(session, str):
         result.error = session
         return result
-    batch, layers = reference.encoder_mask.shape[0], len(reference.cross) // 2
-    heads, size = reference.cross[0].shape[1], reference.cross[0].shape[3]
-    own = [np.zeros((batch, heads, 0, size), reference.cross[0].dtype)] * (2 * layers)
+    batch = reference.encoder_mask.shape[0]
     steps = []
     try:
+        step = decoder_stepper(session, reference.cross, reference.encoder_mask)
         calls = zip(reference.tokens, reference.logits, strict=True)
         for call, (tokens, expected) in enumerate(calls):
-            feeds = {DECODER_INPUTS[0]: tokens, DECODER_INPUTS[1]: reference.encoder_mask}
-            for i in range(layers):
-                for k, kind in enumerate(("key", "value")):
-                    feeds[f"past_key_values.{i}.decoder.{kind}"] = own[2 * i + k]
-                    feeds[f"past_key_values.{i}.encoder.{kind}"] = reference.cross[2 * i + k]
-            logits, *own = session.run(None, feeds)
+            logits = step(tokens)
             past = sum(t.shape[1] for t in reference.tokens[:call])
             label = f"decoder {batch}x{tokens.shape[1]} after {past}"
             check = validating.compare(label, "logits", logits, expected, atol, rtol)

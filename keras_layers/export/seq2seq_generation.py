@@ -183,7 +183,6 @@ class Seq2SeqFolder:
                 f"its files are not an encoder and a decoder with {self.settings.layers} layers' "
                 f"caches, as seq2seq_config.json says; {_AGAIN}",
             )
-        self.past = [decoder_inputs[name] for name in past]
         self.ids_dtype = decoding._numpy_dtype(
             decoder_inputs["input_ids"].type, "input_ids", self.folder / DECODER_FILE
         )
@@ -202,8 +201,7 @@ class Seq2SeqFolder:
         return self.encoder.run(self.cross_names, feeds)
 
     def stepper(self, cross: list, mask: np.ndarray):
-        """A function of the decoder's new tokens giving their logits, its
-        own past kept inside, the encoder's read from `cross`.
+        """`decoder_stepper` on the folder's decoder.
 
         Args:
             cross: `encode`'s keys and values.
@@ -212,24 +210,43 @@ class Seq2SeqFolder:
         Returns:
             `step(token_ids) -> logits`.
         """
-        batch = mask.shape[0]
-        own = [
-            np.zeros((batch, value.shape[1], 0, value.shape[3]), cross[0].dtype)
-            for value in self.past
-        ]
-        fixed = {"encoder_attention_mask": mask.astype(np.int32)}
-        for i in range(self.settings.layers):
-            for k, kind in enumerate(("key", "value")):
-                fixed[f"past_key_values.{i}.encoder.{kind}"] = cross[2 * i + k]
+        return decoder_stepper(self.decoder, cross, mask, self.ids_dtype)
 
-        def step(token_ids):
-            feeds = {**fixed, "input_ids": token_ids.astype(self.ids_dtype)}
-            for value, cache in zip(self.past, own, strict=True):
-                feeds[value.name] = cache
-            logits, *own[:] = self.decoder.run(None, feeds)
-            return logits
 
-        return step
+def decoder_stepper(session, cross: list, mask: np.ndarray, ids_dtype=np.int32):
+    """A function of a decoder file's new tokens giving their logits: its
+    own past kept inside (empty at first, then what each call returned), the
+    encoder's keys and values read from `cross` at every call.
+
+    Args:
+        session: an ONNX Runtime session on a decoder file (the names of
+            `--task seq2seq-lm`'s `decoder_with_past_model.onnx`).
+        cross: the encoder's keys and values, `2 * layers` arrays (batch,
+            heads, encoder length, head size), key first.
+        mask: the encoder's mask (batch, encoder length).
+        ids_dtype: the file's `input_ids` type.
+
+    Returns:
+        `step(token_ids) -> logits`.
+    """
+    layers, (batch, heads, _, size) = len(cross) // 2, cross[0].shape
+    kinds = ("key", "value")
+    empty = np.zeros((batch, heads, 0, size), cross[0].dtype)
+    own = {f"past_key_values.{i}.decoder.{k}": empty for i in range(layers) for k in kinds}
+    fixed = {"encoder_attention_mask": mask.astype(np.int32)}
+    for i in range(layers):
+        for k, kind in enumerate(kinds):
+            fixed[f"past_key_values.{i}.encoder.{kind}"] = cross[2 * i + k]
+    names = list(own)
+    outputs = ["logits", *(name.replace("past_key_values.", "present.") for name in names)]
+
+    def step(token_ids):
+        feeds = {**fixed, **own, "input_ids": np.asarray(token_ids).astype(ids_dtype)}
+        logits, *present = session.run(outputs, feeds)
+        own.update(zip(names, present, strict=True))
+        return logits
+
+    return step
 
 
 def _check_within(name: str, ids: np.ndarray, mask: np.ndarray, vocabulary: int) -> None:
@@ -242,10 +259,10 @@ def _check_within(name: str, ids: np.ndarray, mask: np.ndarray, vocabulary: int)
         )
 
 
-def _check_length(name: str, length: int, limit: int | None, what: str) -> None:
+def _check_length(name: str, length: int, limit: int | None) -> None:
     if limit is not None and length > limit:
         raise ValueError(
-            f"{name}: {length} tokens, but the model's position table holds {limit} {what}; "
+            f"{name}: {length} tokens, but the model's position table holds {limit}; "
             "give a shorter input or fewer max_new_tokens"
         )
 
@@ -333,20 +350,18 @@ def generate(folder, token_ids, max_new_tokens, padding_mask, end_token_id, pad_
         decoder, decoder_mask = _start_prompts(settings, encoder.shape[0])
     _check_within("encoder_token_ids", encoder, mask, settings.vocabulary)
     _check_within("decoder_token_ids", decoder, decoder_mask, settings.vocabulary)
-    _check_length("the encoder's input", encoder.shape[1], settings.max_encoder_length, "")
+    _check_length("the encoder's input", encoder.shape[1], settings.max_encoder_length)
     total = int(decoder_mask.sum(axis=1).max()) + int(max_new_tokens)
-    _check_length(
-        f"the decoder's prompt and max_new_tokens={max_new_tokens}",
-        total,
-        settings.max_decoder_length,
-        "for the decoder",
-    )
+    named = f"the decoder's prompt and max_new_tokens={max_new_tokens}"
+    _check_length(named, total, settings.max_decoder_length)
     tokens = _run(
         model, encoder, mask, decoder, decoder_mask, int(max_new_tokens), pick, end, pad_token_id
     )
     if not text:
         return tokens
-    return _decoded(tokenizer, model, tokens, decoder.shape[1], end, token_ids)
+    new_rows = [row[decoder.shape[1] :] for row in tokens.tolist()]
+    path = model.folder / "tokenizer.json"
+    return decoding.decode_texts(tokenizer, path, new_rows, end, token_ids, "input", _AGAIN)
 
 
 def _run(model, encoder, mask, decoder, decoder_mask, max_new_tokens, pick, end, pad):
@@ -367,32 +382,10 @@ def _encoded(model: Seq2SeqFolder, prompts) -> tuple:
             f"token_ids={_shown(prompts)}: text needs a tokenizer, and {model.folder} has no "
             "tokenizer.json (the model was exported without its preprocessor); give token ids"
         )
-    tokenizer = decoding._folder_tokenizer(path, truncate=True)
-    rows = []
-    for index, text in enumerate(decoding._texts(prompts)):
-        with decoding._tokenizer_failures(path, f"fails on input {index}"):
-            rows.append(tokenizer.encode(text).ids)
-        if not rows[-1]:
-            raise ValueError(
-                f"{decoding._prompt(prompts, index)}={_shown(text)}: encodes to no token; "
-                "give an input of at least one token"
-            )
-    ids = np.zeros((len(rows), max(len(row) for row in rows)), np.int64)
-    mask = np.zeros(ids.shape, bool)
-    for index, row in enumerate(rows):
-        ids[index, : len(row)], mask[index, : len(row)] = row, True
-    return ids, mask, tokenizer
-
-
-def _decoded(tokenizer, model, tokens, start: int, end, prompts):
-    path = model.folder / "tokenizer.json"
-    decoded = []
-    for index, row in enumerate(tokens.tolist()):
-        new = row[start:]
-        new = new[: new.index(end)] if end is not None and end in new else new
-        with decoding._tokenizer_failures(path, f"fails on the new tokens of input {index}"):
-            decoded.append(tokenizer.decode(new, skip_special_tokens=True))
-    return decoded[0] if isinstance(prompts, str) else decoded
+    tokenizer = decoding._folder_tokenizer(path, truncate=True, again=_AGAIN)
+    empty = "encodes to no token; give an input of at least one token"
+    rows = decoding.encode_texts(tokenizer, path, prompts, "input", empty, _AGAIN)
+    return (*decoding.right_padded(rows), tokenizer)
 
 
 __all__ = ["Seq2SeqFolder", "generate", "is_seq2seq_folder"]

@@ -255,14 +255,13 @@ def _keras_framed(preprocessor, framing, texts: list) -> list:
 
     name = type(preprocessor).__name__
     try:
-        if framing.source.endswith(".generate_preprocess"):
+        if framing.source.endswith((".generate_preprocess", ENCODER_SOURCE)):
             output = preprocessor.generate_preprocess(list(texts))
-        elif framing.source.endswith(ENCODER_SOURCE):  # an encoder-decoder's encoder input
-            output = preprocessor.generate_preprocess(list(texts))
-            output = {
-                "token_ids": output["encoder_token_ids"],
-                "padding_mask": output["encoder_padding_mask"],
-            }
+            if framing.source.endswith(ENCODER_SOURCE):  # an encoder-decoder's encoder input
+                output = {
+                    "token_ids": output["encoder_token_ids"],
+                    "padding_mask": output["encoder_padding_mask"],
+                }
         elif isinstance(preprocessor, MaskedLMPreprocessor):
             packed = preprocessor.packer(preprocessor.tokenizer(list(texts)))
             output = {"token_ids": packed[0] if isinstance(packed, tuple) else packed}
