@@ -359,10 +359,6 @@ def instance(name: str):
 # preprocessors pack an encoder and a decoder input (two packers): one
 # tokenizer.json frames one input, so their tokenizer is exported alone.
 PREPROCESSOR_REFUSED = {
-    "BartSeq2SeqLMPreprocessor": "no `packer`",
-    "T5Seq2SeqLMPreprocessor": "no `packer`",
-    "T5GemmaSeq2SeqLMPreprocessor": "no `packer`",
-    "T5Gemma2Seq2SeqLMPreprocessor": "no `packer`",
     # It frames text with images: keras-hub's own call needs them.
     "PaliGemmaCausalLMPreprocessor": "cannot frame a batch of texts alone",
 }

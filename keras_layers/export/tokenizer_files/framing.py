@@ -162,7 +162,7 @@ def read_framing(preprocessor, tokenizer) -> Framing | None:
     raise UsageError(
         f"{name} has {held}; the framing written to tokenizer.json is read from a "
         "StartEndPacker or a MultiSegmentPacker (causal and masked language models, "
-        "classifiers, embedders; a sequence-to-sequence model packs two): export its "
+        "classifiers, embedders; a sequence-to-sequence model's encoder input): export its "
         "`.tokenizer` instead"
     )
 
@@ -172,24 +172,32 @@ ENCODER_SOURCE = ".generate_preprocess, encoder"
 
 
 def _encoder_framing(preprocessor, tokenizer) -> Framing:
-    """An encoder-decoder's framing of the encoder's input (its
-    `encoder_packer`): what the tokenizer file frames; the decoder's start
-    tokens are the seq2seq folder's config."""
-    from keras_hub.layers import StartEndPacker
-
+    """An encoder-decoder's framing of the encoder's input, as its
+    `generate_preprocess` frames it: the ids it puts before and after the
+    tokenizer's own. Read by running it, not from its `encoder_packer`,
+    which each class calls with flags of its own (T5Gemma's adds no end token
+    when generating, and a start token only when asked). The decoder's start
+    tokens are the seq2seq folder's config, not the tokenizer file's."""
     name = type(preprocessor).__name__
-    if not preprocessor.built:
-        preprocessor.build(None)
-    packer = getattr(preprocessor, "encoder_packer", None)
-    if not isinstance(packer, StartEndPacker):
+    sample = "a"
+    own = [int(i) for i in tokenizer([sample])[0]]
+    packed = preprocessor.generate_preprocess([sample])
+    ids = [int(i) for i in packed["encoder_token_ids"][0]]
+    mask = [bool(m) for m in packed["encoder_padding_mask"][0]]
+    framed = [token for token, kept in zip(ids, mask, strict=True) if kept]
+    at = next(
+        (i for i in range(len(framed) - len(own) + 1) if framed[i : i + len(own)] == own), None
+    )
+    if not own or at is None:
         raise UsageError(
-            f"{name} frames its encoder's input with {type(packer).__name__}, not a "
-            "StartEndPacker; export its `.tokenizer` instead"
+            f"{name}.generate_preprocess frames {sample!r} as {framed}, which does not hold the "
+            f"tokenizer's own ids {own}; export its `.tokenizer` instead"
         )
+    packer = preprocessor.encoder_packer
     return Framing(
         source=name + ENCODER_SOURCE,
-        start=_tokens(tokenizer, packer.start_value),
-        end=_tokens(tokenizer, packer.end_value),
+        start=_tokens(tokenizer, framed[:at]),
+        end=_tokens(tokenizer, framed[at + len(own) :]),
         sequence_length=preprocessor.encoder_sequence_length,
         pad_token=_pad_token(tokenizer, packer.pad_value),
         padding_side=packer.padding_side,

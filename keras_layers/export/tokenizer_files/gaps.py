@@ -92,6 +92,16 @@ def _no_end_token(difference, tokenizer: _Tokenizer) -> bool:
     return tokenizer.pieces[keras[-1]].type == sentence_piece.CONTROL
 
 
+def _start_for_end(difference, tokenizer: _Tokenizer) -> bool:
+    """Framed: the reader put the start token first where keras-hub put the end token last."""
+    keras, reader = _ids_of(difference.keras), _ids_of(difference.reader)
+    start = getattr(tokenizer.tokenizer, "start_token_id", None)
+    end = getattr(tokenizer.tokenizer, "end_token_id", None)
+    if difference.check != "framed" or not keras or start is None or keras[-1] != end:
+        return False
+    return reader == [start, *keras[:-1]]
+
+
 def _long_run(difference, tokenizer: _Tokenizer) -> bool:
     return any(len(word) > 100 for word in difference.text.split())
 
@@ -136,7 +146,7 @@ _TESTS = {
     _HEX_LOOKALIKE_GAP: _hex_lookalike,
     _SPM.BPE_READER_GAPS["prefix"]: lambda d, t: d.check == "decode" and d.reader == " " + d.keras,
     _SPM.BPE_READER_GAPS["chunks"]: _long_run,
-    _SPM.BPE_READER_GAPS["eos"]: _no_end_token,
+    _SPM.BPE_READER_GAPS["eos"]: lambda d, t: _no_end_token(d, t) or _start_for_end(d, t),
     word_piece.WORD_LIMIT_GAP: _long_word,
     word_piece.PLACEHOLDER_GAP: lambda d, t: any(ord(c) >= 0x10F000 for c in d.text),
     framing.LITERAL_PAD_GAP: _literal_pad,

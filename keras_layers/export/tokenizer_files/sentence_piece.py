@@ -95,7 +95,8 @@ BPE_READER_GAPS = {
     "chunks": "onnxruntime-extensions merges a run of more than 100 characters without a space "
     "in separate chunks",
     "eos": "onnxruntime-extensions' SentencePiece-BPE reader adds <s> when asked for special "
-    "tokens but never </s> (it ignores add_eos_token)",
+    "tokens but never </s> (it ignores add_eos_token and add_bos_token: T5's framing, the text "
+    "then </s>, comes out as its start token, T5's alias of </s>, then the text)",
 }
 
 
