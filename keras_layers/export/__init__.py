@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # what type checkers and the API docs read
     from keras_layers.export.generation import CachedDecoder, generate
     from keras_layers.export.inputs import InputRole
     from keras_layers.export.options import ExportOptions
+    from keras_layers.export.seq2seq_generation import Seq2SeqFolder
     from keras_layers.export.text_model import export_text_model
     from keras_layers.export.tokenizer_files import (
         IdentityReport,
@@ -59,6 +60,7 @@ _MODULES = {
     "validate": "keras_layers.export.checking",
     "ExportOptions": "keras_layers.export.options",
     "InputRole": "keras_layers.export.inputs",
+    "Seq2SeqFolder": "keras_layers.export.seq2seq_generation",
     **dict.fromkeys(
         ("IdentityReport", "TokenizerFiles", "check_identity", "export_tokenizer"),
         "keras_layers.export.tokenizer_files",
@@ -87,6 +89,7 @@ __all__ = [
     "InputRole",
     "ModelLoadError",
     "OutputError",
+    "Seq2SeqFolder",
     "UsageError",
     "TokenizerFiles",
     "ValidationFailed",

@@ -54,7 +54,8 @@ _AGAIN = "export the model again with --task seq2seq-lm -o FOLDER/"
 
 
 def is_seq2seq_folder(path) -> bool:
-    """Whether `path` is a folder holding `seq2seq_config.json`.
+    """Whether `path` is a folder holding `seq2seq_config.json`, or a
+    `Seq2SeqFolder` already opened.
 
     Args:
         path: anything `generate` was given as its file.
@@ -62,6 +63,8 @@ def is_seq2seq_folder(path) -> bool:
     Returns:
         True for a folder `--task seq2seq-lm -o FOLDER/` wrote.
     """
+    if isinstance(path, Seq2SeqFolder):
+        return True
     if not isinstance(path, str | os.PathLike):
         return False
     try:
@@ -153,7 +156,9 @@ def _session(path: Path):
 
 
 class Seq2SeqFolder:
-    """The two sessions of an encoder-decoder folder and its settings.
+    """The two sessions of an encoder-decoder folder and its settings; give
+    it to `generate` in place of the folder's path to open the files once
+    across calls (opening them takes about half a second at BART's size).
 
     Args:
         folder: the folder `--task seq2seq-lm -o FOLDER/` wrote.
@@ -161,10 +166,30 @@ class Seq2SeqFolder:
     Raises:
         DecoderFileError: a file of the folder is missing, damaged or not
             what the export writes.
+
+    Example:
+
+    >>> import keras_hub
+    >>> from keras_layers.export import Seq2SeqFolder, export_model, generate
+    >>> backbone = keras_hub.models.BartBackbone(vocabulary_size=40, num_layers=1,
+    ...     num_heads=2, hidden_dim=8, intermediate_dim=16, max_sequence_length=16)
+    >>> model = keras_hub.models.BartSeq2SeqLM(backbone, preprocessor=None)
+    >>> export_model(model, tmp / "bart", task="seq2seq-lm")["passed"]
+    True
+    >>> bart = Seq2SeqFolder(tmp / "bart")
+    >>> ids = [[5, 6, 7, 8], [9, 10, 0, 0]]
+    >>> mask = [[1, 1, 1, 1], [1, 1, 0, 0]]
+    >>> starts = [[2, 0], [2, 0]]  # BART's decoder start: </s> <s>
+    >>> feeds = {"encoder_token_ids": ids, "encoder_padding_mask": mask,
+    ...          "decoder_token_ids": starts}
+    >>> first = generate(bart, feeds, 4)
+    >>> first.shape, bool((first == generate(bart, feeds, 4)).all())
+    ((2, 6), True)
     """
 
     def __init__(self, folder):
         self.folder = Path(folder)
+        self._tokenizer = None
         self.settings = read_settings(self.folder / CONFIG_FILE)
         self.encoder = _session(self.folder / ENCODER_FILE)
         self.decoder = _session(self.folder / DECODER_FILE)
@@ -211,6 +236,27 @@ class Seq2SeqFolder:
             `step(token_ids) -> logits`.
         """
         return decoder_stepper(self.decoder, cross, mask, self.ids_dtype)
+
+    def tokenizer(self):
+        """The folder's `tokenizer.json`, read on the first call.
+
+        Returns:
+            The tokenizer, truncating as the encoder's framing says.
+
+        Raises:
+            ValueError: the folder has no tokenizer (exported without its
+                preprocessor).
+            DecoderFileError: the file is damaged.
+        """
+        if self._tokenizer is None:
+            path = self.folder / "tokenizer.json"
+            if not path.is_file():
+                raise ValueError(
+                    f"text needs a tokenizer, and {self.folder} has no tokenizer.json (the "
+                    "model was exported without its preprocessor); give token ids"
+                )
+            self._tokenizer = decoding._folder_tokenizer(path, truncate=True, again=_AGAIN)
+        return self._tokenizer
 
 
 def decoder_stepper(session, cross: list, mask: np.ndarray, ids_dtype=np.int32):
@@ -306,7 +352,7 @@ def generate(folder, token_ids, max_new_tokens, padding_mask, end_token_id, pad_
     what each argument is); every argument checked before the encoder runs.
 
     Args:
-        folder: the folder.
+        folder: the folder, or a `Seq2SeqFolder` on it.
         token_ids: text, the encoder's ids, or keras-hub's dict of ids.
         max_new_tokens: tokens each row gains, at least 1.
         padding_mask: the encoder's mask with ids (None: all tokens).
@@ -331,7 +377,7 @@ def generate(folder, token_ids, max_new_tokens, padding_mask, end_token_id, pad_
     pick = decoding._picker(**sampling)
     decoding._check_token_type("end_token_id", end_token_id, none_allowed=True)
     decoding._check_token_type("pad_token_id", pad_token_id, none_allowed=False)
-    model = Seq2SeqFolder(folder)
+    model = folder if isinstance(folder, Seq2SeqFolder) else Seq2SeqFolder(folder)
     settings = model.settings
     end = settings.end_token_id if end_token_id is None else end_token_id
     for name, value in (("end_token_id", end), ("pad_token_id", pad_token_id)):
@@ -377,12 +423,12 @@ def _encoded(model: Seq2SeqFolder, prompts) -> tuple:
     """Text encoded by the folder's tokenizer (framing and truncation as
     keras-hub's preprocessor frames the encoder's input), padded."""
     path = model.folder / "tokenizer.json"
-    if not path.is_file():
-        raise ValueError(
-            f"token_ids={_shown(prompts)}: text needs a tokenizer, and {model.folder} has no "
-            "tokenizer.json (the model was exported without its preprocessor); give token ids"
-        )
-    tokenizer = decoding._folder_tokenizer(path, truncate=True, again=_AGAIN)
+    try:
+        tokenizer = model.tokenizer()
+    except ValueError as error:
+        if isinstance(error, DecoderFileError):
+            raise
+        raise ValueError(f"token_ids={_shown(prompts)}: {error}") from None
     empty = "encodes to no token; give an input of at least one token"
     rows = decoding.encode_texts(tokenizer, path, prompts, "input", empty, _AGAIN)
     return (*decoding.right_padded(rows), tokenizer)
