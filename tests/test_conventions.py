@@ -8,7 +8,6 @@ The full experiment takes minutes (`python docs/experiments/conventions.py`);
 its `--quick` run is in the slow tier.
 """
 
-import importlib.util
 import json
 import math
 import re
@@ -17,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "docs" / "experiments" / "conventions.py"
@@ -27,10 +28,7 @@ pytestmark = pytest.mark.tensorflow_only  # the script sets TensorFlow's thread 
 
 @pytest.fixture(scope="module")
 def conventions():
-    spec = importlib.util.spec_from_file_location("conventions", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT.relative_to(ROOT), "conventions")
 
 
 @pytest.fixture(scope="module")

@@ -76,6 +76,34 @@ def test_a_subclassed_model_called_on_a_list_has_one_input_each(tmp_path, from_f
     assert roles == [("float32", "features"), ("int32", "ids")]
 
 
+@keras.saving.register_keras_serializable("tests.model_structures")
+class DictCalled(keras.Model):
+    """A subclassed model called on a dict, as keras-hub's task models and
+    `examples/translate.py`'s `Translator` are."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = keras.layers.Embedding(20, 8)
+        self.classifier = keras.layers.Dense(5)
+
+    def call(self, inputs):
+        mask = keras.ops.cast(inputs["padding_mask"], "float32")[..., None]
+        return self.classifier(self.embedding(inputs["token_ids"]) * mask)
+
+
+@pytest.mark.parametrize("from_file", [False, True])
+def test_a_subclassed_model_called_on_a_dict_has_one_input_a_key(tmp_path, from_file):
+    keras.utils.set_random_seed(0)
+    model = DictCalled()
+    model({"token_ids": np.zeros((2, 3), "int32"), "padding_mask": np.ones((2, 3), "int32")})
+    if from_file:
+        model.save(tmp_path / "dict_called.keras")
+        model = tmp_path / "dict_called.keras"
+    report = export_model(model, tmp_path / "dict_called.onnx", ExportOptions(shapes=SHAPES))
+    assert report["passed"]
+    assert _names(tmp_path / "dict_called.onnx")[0] == ["token_ids", "padding_mask"]
+
+
 def _nested_outputs() -> keras.Model:
     """keras-hub's D-FINE returns a dict whose values may be tuples of tensors."""
     keras.utils.set_random_seed(0)

@@ -7,7 +7,6 @@ at d = 64, within a few standard errors of that measurement, so a wrong formula
 (a variance of a^2/2 instead of a^2/3, say) fails.
 """
 
-import importlib.util
 import json
 import math
 import re
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "docs" / "experiments" / "why_scale.py"
@@ -27,10 +28,7 @@ pytestmark = pytest.mark.tensorflow_only  # the script sets TensorFlow's thread 
 
 @pytest.fixture(scope="module")
 def why_scale():
-    spec = importlib.util.spec_from_file_location("why_scale", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT.relative_to(ROOT), "why_scale")
 
 
 @pytest.mark.parametrize("initialiser", ["uniform", "normal", "glorot_uniform"])

@@ -1038,7 +1038,8 @@ def _symbolic_io(model):
     Functional models have them; a Sequential model built from a
     `keras.Input` keeps them in the functional model it wraps (with the
     input's own name); a subclassed model has only the input shapes it was
-    built with (one, or a list when it was called on a list), so it is called
+    built with (one, a list when it was called on a list, a dict when on a
+    dict), so it is called
     once on symbolic inputs (int32 for a two-axis input of a model with an
     embedding, float32 otherwise).
     """
@@ -1056,12 +1057,15 @@ def _symbolic_io(model):
             model.outputs[0] if len(model.outputs) == 1 else model.outputs
         )
     shape = (model.get_build_config() or {}).get("input_shape")
-    if shape is None or isinstance(shape, dict):
+    if shape is None:
         raise ModelLoadError(
             "the model's inputs are unknown (a subclassed model saved before it was "
             "called?). Call it on a batch of data once, then save it again."
         )
     embeds = any(hasattr(layer, "input_dim") for layer in model._flatten_layers())
+    if isinstance(shape, dict):  # called on a dict: one input a key, named by it
+        symbolic = {key: _symbolic_input(item, embeds, str(key)) for key, item in shape.items()}
+        return symbolic, model(symbolic)
     several = bool(shape) and all(isinstance(item, list | tuple) for item in shape)
     shapes = list(shape) if several else [shape]
     symbolic = [

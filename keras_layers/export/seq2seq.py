@@ -18,6 +18,11 @@ BART, T5 and their kin write it:
 - `_initialize_cache(encoder_token_ids, decoder_token_ids)` returns both
   caches, zero, at those lengths.
 
+A plain Keras model with these three methods exports too (the TensorFlow
+tutorial's Transformer in `examples/translate.py`); its optional
+`decoder_start_token_ids`, `end_token_id` and `pad_token_id` attributes
+stand in for a preprocessor's (`seq2seq_folder.special_ids`).
+
 The cross-attention keys and values depend on the encoder's output alone, so
 they are computed once per input: by the encoder's file, beside its output,
 as onnxruntime-genai's Whisper encoder returns them (`encoder_model`). Every
@@ -135,18 +140,20 @@ def describe(model) -> Seq2Seq:
     )
 
 
-def _first_step(model, hidden, padding_mask) -> tuple:
-    """The model's cached decoder call on one token (id 0) at index 0 of both
-    caches, zero, that it builds for `hidden`: both caches written, the
-    cross-attention one from `hidden` whole."""
+def _first_step(model, hidden, padding_mask, ids=None) -> tuple:
+    """The model's cached decoder call on `ids` (default one token, id 0)
+    at index 0 of both caches, zero, that it builds for `hidden`: both
+    caches written, the cross-attention one from `hidden` whole."""
     from keras import ops
 
-    ids = ops.zeros(ops.shape(hidden)[:2], "int32")
-    self_cache, cross_cache = model._initialize_cache(ids, ids[:, :1])
+    if ids is None:
+        ids = ops.zeros(ops.shape(hidden)[:2], "int32")[:, :1]
+    encoder_ids = ops.zeros(ops.shape(hidden)[:2], "int32")
+    self_cache, cross_cache = model._initialize_cache(encoder_ids, ids)
     return model.call_decoder_with_cache(
         encoder_hidden_states=hidden,
         encoder_padding_mask=padding_mask,
-        decoder_token_ids=ids[:, :1],
+        decoder_token_ids=ids,
         self_attention_cache=self_cache,
         self_attention_cache_update_index=0,
         cross_attention_cache=cross_cache,

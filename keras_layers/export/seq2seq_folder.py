@@ -81,26 +81,61 @@ def _check(options: ExportOptions, output) -> Path:
 
 
 def special_ids(model) -> Special:
-    """The decoder's start tokens, the end and pad ids, from the preprocessor.
+    """The decoder's start tokens, the end and pad ids.
 
     Args:
         model: the encoder-decoder.
 
     Returns:
-        Read from `generate_preprocess("")` (the start tokens keras-hub's
-        generation begins with) and the tokenizer; without a preprocessor,
-        no start tokens and no end id (`generate` then takes a dict with
-        `decoder_token_ids`).
+        With a keras-hub preprocessor, read from `generate_preprocess("")`
+        (the start tokens keras-hub's generation begins with) and its
+        tokenizer. Without one, the model's own `decoder_start_token_ids`,
+        `end_token_id` and `pad_token_id` attributes where it has them (the
+        protocol of a plain Keras encoder-decoder, `seq2seq`'s docstring);
+        else no start tokens and no end id (`generate` then takes a dict
+        with `decoder_token_ids`).
+
+    Raises:
+        UsageError: such an attribute is not an id (or a sequence of ids).
     """
     preprocessor = getattr(model, "preprocessor", None)
     if preprocessor is None:
-        return Special(None, None, 0)
+        return _own_special_ids(model)
     packed = preprocessor.generate_preprocess([""])
     ids = np.asarray(packed["decoder_token_ids"])[0]
     mask = np.asarray(packed["decoder_padding_mask"])[0].astype(bool)
     tokenizer = preprocessor.tokenizer
     pad = getattr(tokenizer, "pad_token_id", None)
     return Special(tuple(int(t) for t in ids[mask]), tokenizer.end_token_id, int(pad or 0))
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 0
+
+
+def _own_special_ids(model) -> Special:
+    """The protocol's optional attributes, each checked."""
+    start = getattr(model, "decoder_start_token_ids", None)
+    end = getattr(model, "end_token_id", None)
+    pad = getattr(model, "pad_token_id", None)
+    name = type(model).__name__
+    if start is not None and (
+        isinstance(start, str | bytes)
+        or not hasattr(start, "__len__")
+        or not len(start)
+        or not all(_is_id(t) for t in start)
+    ):
+        raise UsageError(
+            f"{name}.decoder_start_token_ids is {start!r}: give a tuple of ids >= 0, such as (1,)"
+        )
+    for attribute, value in (("end_token_id", end), ("pad_token_id", pad)):
+        if value is not None and not _is_id(value):
+            raise UsageError(f"{name}.{attribute} is {value!r}: give an int >= 0, or None")
+    return Special(
+        None if start is None else tuple(int(t) for t in start),
+        None if end is None else int(end),
+        int(pad or 0),
+    )
 
 
 def folder_config(model, description: seq2seq.Seq2Seq, special: Special) -> dict:
@@ -138,7 +173,8 @@ def folder_config(model, description: seq2seq.Seq2Seq, special: Special) -> dict
 
 def keras_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, end) -> list:
     """keras-hub's own greedy generation on ids: `generate_step` with a
-    greedy sampler (the model's compiled sampler set back after).
+    greedy sampler (the model's compiled sampler set back after); for a
+    model without `generate_step`, `protocol_greedy`.
 
     Args:
         model: the encoder-decoder.
@@ -151,6 +187,8 @@ def keras_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, end
     Returns:
         Each row's tokens after its prompt, up to its end token included.
     """
+    if not callable(getattr(model, "generate_step", None)):
+        return protocol_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens, end)
     from keras_hub.samplers import GreedySampler
 
     batch, start = prompts.shape
@@ -173,6 +211,27 @@ def keras_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, end
     finally:
         model.sampler = sampler
     return [_until_end(row[start:], end) for row in np.asarray(output["decoder_token_ids"])]
+
+
+def protocol_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, end) -> list:
+    """Greedy generation in Keras through the protocol's own calls, with no
+    cache carried between steps: at each step the decoder runs on every
+    token so far from fresh caches (index 0), and the last position's
+    argmax is appended. The folder's cached steps must give the same tokens.
+
+    Args and returns: `keras_greedy`'s; `model` needs only the protocol
+    (`call_encoder`, `call_decoder_with_cache`, `_initialize_cache`).
+    """
+    from keras import ops
+
+    mask = ops.convert_to_tensor(encoder_mask.astype(bool))
+    hidden = model.call_encoder(ops.convert_to_tensor(encoder_ids.astype("int32")), mask)
+    tokens = np.asarray(prompts, "int32")
+    for _ in range(new_tokens):
+        logits = seq2seq._first_step(model, hidden, mask, ops.convert_to_tensor(tokens))[0]
+        last = np.argmax(ops.convert_to_numpy(logits)[:, -1], axis=-1).astype("int32")
+        tokens = np.concatenate([tokens, last[:, None]], axis=1)
+    return [_until_end(row[prompts.shape[1] :], end) for row in tokens]
 
 
 def _until_end(row, end) -> list:
