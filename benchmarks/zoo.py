@@ -17,7 +17,10 @@ Each causal LM is also exported as the onnxruntime-genai folder (`--task
 causal-lm -o FOLDER/`, prompts of ids): the genai column says on how many
 prompts genai gave Keras' greedy tokens alone and in one padded batch, and
 whether the folder shares one cache buffer (`GroupQueryAttention`), or why it
-was not exported.
+was not exported. Each `Seq2SeqLM` is also exported as an encoder-decoder
+folder (`--task seq2seq-lm -o FOLDER/`): the seq2seq column says whether its
+proof passed (the decoder's steps against Keras' cached calls, the two files
+together, greedy tokens against keras-hub's `generate_step`), or why not.
 
 The table between `<!-- table: zoo -->` and `<!-- /table -->` on
 docs/models.md is rendered from results/zoo.json alone, so
@@ -114,6 +117,8 @@ def run_model(entry, folder: Path) -> dict:
     error, _report = export_row(model, output, row)
     if entry.name.endswith("CausalLM"):
         row["genai"] = genai_folder(model, folder / f"{entry.name}_folder")
+    if entry.name.endswith("Seq2SeqLM"):
+        row["seq2seq"] = seq2seq_folder(model, folder / f"{entry.name}_seq2seq")
     if error is None:
         try:
             feed = zoo_models.padded_feed(model, width=zoo_models.FEED_WIDTH.get(entry.name))
@@ -186,6 +191,56 @@ def genai_folder(model, folder: Path) -> dict:
         "group_query_attention": report["graph"]["fused"].get("GroupQueryAttention", 0),
         "not_checked": proof.get("not_checked", []),
     }
+
+
+def seq2seq_folder(model, folder: Path) -> dict:
+    """A `Seq2SeqLM` exported as an encoder-decoder folder (`--task
+    seq2seq-lm -o FOLDER/`): what its proof found.
+
+    Args:
+        model: the encoder-decoder.
+        folder: the folder to write.
+
+    Returns:
+        `passed`, the decoder's worst logit difference over its steps, the
+        greedy tokens' agreement (rows equal, of how many), or the error.
+    """
+    from keras_layers.export import ValidationFailed, export_model
+
+    start = time.perf_counter()
+    try:
+        report = export_model(model, f"{folder}/", task="seq2seq-lm")
+    except Exception as caught:
+        found = {"passed": False, "exit_code": _exit_code(caught), "error": _one_line(caught)}
+        report = caught.report if isinstance(caught, ValidationFailed) else None
+        if report is None or "generation" not in report:
+            return found
+    else:
+        found = {"passed": True, "exit_code": 0, "error": None}
+    ids = report["generation"]["ids"]
+    equal = sum(k == o for k, o in zip(ids["keras"], ids["onnx"], strict=True))
+    return found | {
+        "seconds": round(time.perf_counter() - start, 1),
+        "decoder_max_abs_diff": max(c["max_abs_diff"] for c in report["decoder"]["checks"]),
+        "greedy_rows": [equal, len(ids["keras"])],
+        "new_tokens": ids["new_tokens"],
+    }
+
+
+def _seq2seq_cell(row: dict) -> str:
+    """The seq2seq column: the folder's proof, or why it was not exported."""
+    found = row.get("seq2seq")
+    if not found:
+        return ""
+    if "greedy_rows" not in found:
+        why = found["error"].split("--task seq2seq-lm: ", 1)[-1]
+        return f"not exported (exit {found['exit_code']}): {why}"[:200].replace("|", "/")
+    equal, rows = found["greedy_rows"]
+    cell = (
+        f"decoder steps max abs diff {found['decoder_max_abs_diff']:.1e}, "
+        f"greedy {equal}/{rows} rows x {found['new_tokens']} tokens = keras-hub's"
+    )
+    return cell if found["passed"] else f"failed: {cell}"
 
 
 def _genai_cell(row: dict) -> str:
@@ -301,6 +356,7 @@ def zoo_table(report: dict) -> str:
         "export s",
         "tokenizer",
         "onnxruntime-genai folder",
+        "seq2seq-lm folder",
         "note",
     ]
     # The tokenizer column joins results/tokenizers.json (benchmarks/tokenizer_speed.py).
@@ -322,11 +378,12 @@ def zoo_table(report: dict) -> str:
             _number(row.get("export_seconds"), ".1f"),
             tokenizers.get(row["name"], ""),
             _genai_cell(row),
+            _seq2seq_cell(row),
             _note(row),
         ]
         for row in tested
     ]
-    aligned = [False] * 3 + [True] * 5 + [False, True, False, False, False]
+    aligned = [False] * 3 + [True] * 5 + [False, True, False, False, False, False]
     table = markdown_table(header, aligned, rows)
     skipped = [row for row in report["models"] if row["status"] == "skipped"]
     lines = [f"- `{row['name']}`: {row['error']}" for row in skipped]

@@ -96,6 +96,92 @@ def _refuse(model, why: str) -> UsageError:
     )
 
 
+# T5Gemma's and T5Gemma2's form of `call_decoder_with_cache`: both caches in
+# one tuple, one index, and the encoder's output after them.
+TUPLE_CACHE_ARGUMENTS = (
+    "decoder_token_ids",
+    "decoder_padding_mask",
+    "cache",
+    "cache_update_index",
+    "encoder_output",
+    "encoder_padding_mask",
+)
+
+
+class TupleCaches:
+    """The protocol over a model that keeps its caches as one tuple
+    (keras-hub's T5Gemma and T5Gemma2): `call_encoder` returns `(output,
+    mask)`, and `call_decoder_with_cache(decoder_token_ids,
+    decoder_padding_mask, cache=(self, cross), cache_update_index,
+    encoder_output, encoder_padding_mask)` computes the cross-attention
+    keys and values when the tuple's cross cache is None and reads them
+    otherwise. The cache layout is the protocol's: (batch, layers, 2,
+    length, key/value heads, head size).
+
+    Args:
+        model: the keras-hub model.
+    """
+
+    def __init__(self, model):
+        self.model = model
+
+    def call_encoder(self, token_ids, padding_mask):
+        return self.model.call_encoder(token_ids, padding_mask)[0]
+
+    def call_decoder_with_cache(
+        self,
+        encoder_hidden_states,
+        encoder_padding_mask,
+        decoder_token_ids,
+        self_attention_cache=None,
+        self_attention_cache_update_index=None,
+        cross_attention_cache=None,
+        cross_attention_cache_update_index=None,
+    ):
+        computed = cross_attention_cache_update_index is not None
+        logits, hidden, (own, cross) = self.model.call_decoder_with_cache(
+            decoder_token_ids=decoder_token_ids,
+            decoder_padding_mask=None,
+            cache=(self_attention_cache, None if computed else cross_attention_cache),
+            cache_update_index=self_attention_cache_update_index,
+            encoder_output=encoder_hidden_states,
+            encoder_padding_mask=encoder_padding_mask,
+        )
+        return logits, hidden, own, cross
+
+    def _initialize_cache(self, encoder_token_ids, decoder_token_ids):
+        from keras import ops
+
+        backbone = self.model.backbone
+        sizes = (backbone.decoder_num_key_value_heads, backbone.decoder_head_dim)
+        batch, layers = ops.shape(encoder_token_ids)[0], backbone.decoder_num_layers
+        return tuple(
+            ops.zeros((batch, layers, 2, ops.shape(ids)[1], *sizes), self.model.compute_dtype)
+            for ids in (decoder_token_ids, encoder_token_ids)
+        )
+
+
+def protocol(model):
+    """`model` itself when its methods are the protocol's; `TupleCaches`
+    over it when they are T5Gemma's form.
+
+    Args:
+        model: an encoder-decoder.
+
+    Returns:
+        An object with the protocol's three methods (`describe` checks them).
+    """
+    method = getattr(model, "call_decoder_with_cache", None)
+    if not callable(method) or not callable(getattr(model, "call_encoder", None)):
+        return model
+    parameters = inspect.signature(method).parameters
+    if all(name in parameters for name in DECODER_ARGUMENTS):
+        return model
+    if all(name in parameters for name in TUPLE_CACHE_ARGUMENTS):
+        return TupleCaches(model)
+    return model
+
+
 def describe(model) -> Seq2Seq:
     """Read an encoder-decoder's caches by running it on a 3-token input.
 
@@ -112,21 +198,32 @@ def describe(model) -> Seq2Seq:
     import keras
     from keras import ops
 
+    calls = protocol(model)
     for method in ("call_encoder", "call_decoder_with_cache", "_initialize_cache"):
-        if not callable(getattr(model, method, None)):
+        if not callable(getattr(calls, method, None)):
             raise _refuse(model, f"has no `{method}` method")
-    parameters = inspect.signature(model.call_decoder_with_cache).parameters
+    parameters = inspect.signature(calls.call_decoder_with_cache).parameters
     missing = [name for name in DECODER_ARGUMENTS if name not in parameters]
     if missing:
         raise _refuse(model, f"names no {', '.join(missing)} in `call_decoder_with_cache`")
     ids, mask = ops.ones((1, 3), "int32"), ops.ones((1, 3), "bool")
     try:
-        hidden = model.call_encoder(ids, mask)
-        self_cache, cross_cache = model._initialize_cache(ids, ids[:, :1])
+        hidden = calls.call_encoder(ids, mask)
+        self_cache, cross_cache = calls._initialize_cache(ids, ids[:, :1])
         logits = _first_step(model, hidden, mask)[0]
     except Exception as error:  # noqa: BLE001 - the model's own failure, named
         detail = one_line(f"{type(error).__name__}: {error}", 200)
         raise _refuse(model, f"fails on a 3-token input ({detail})") from error
+    try:  # a prompt of several tokens in one call, into a longer cache
+        _first_step(model, hidden, mask, ops.ones((1, 2), "int32"), room=1)
+    except Exception as error:  # noqa: BLE001 - the model's own failure, named
+        detail = one_line(f"{type(error).__name__}: {error}", 200)
+        raise UsageError(
+            f"--task seq2seq-lm: {type(model).__name__}'s own `call_decoder_with_cache` fails "
+            f"on 2 new tokens written into a cache of 3 ({detail}): it decodes one token a "
+            "call, and the decoder's file takes a prompt of several tokens in one call, as "
+            "keras-hub's other Seq2SeqLMs do. Not exportable as a folder today"
+        ) from error
     shape = tuple(cross_cache.shape)
     if len(shape) != 6 or shape[2] != 2 or tuple(self_cache.shape)[:3] != shape[:3]:
         raise _refuse(model, f"builds caches of shapes {tuple(self_cache.shape)} and {shape}")
@@ -140,16 +237,19 @@ def describe(model) -> Seq2Seq:
     )
 
 
-def _first_step(model, hidden, padding_mask, ids=None) -> tuple:
+def _first_step(model, hidden, padding_mask, ids=None, room: int = 0) -> tuple:
     """The model's cached decoder call on `ids` (default one token, id 0)
-    at index 0 of both caches, zero, that it builds for `hidden`: both
-    caches written, the cross-attention one from `hidden` whole."""
+    at index 0 of both caches, zero, that it builds for `hidden` (the
+    self-attention one `room` slots longer than `ids`): both caches written,
+    the cross-attention one from `hidden` whole."""
     from keras import ops
 
+    model = protocol(model)
     if ids is None:
         ids = ops.zeros(ops.shape(hidden)[:2], "int32")[:, :1]
     encoder_ids = ops.zeros(ops.shape(hidden)[:2], "int32")
-    self_cache, cross_cache = model._initialize_cache(encoder_ids, ids)
+    slots = ops.zeros((ops.shape(ids)[0], ops.shape(ids)[1] + room), "int32")
+    self_cache, cross_cache = model._initialize_cache(encoder_ids, slots)
     return model.call_decoder_with_cache(
         encoder_hidden_states=hidden,
         encoder_padding_mask=padding_mask,
@@ -247,7 +347,7 @@ def encoder_model(model, description: Seq2Seq | None = None):
 
         def call(self, token_ids, attention_mask):
             mask = keras.ops.cast(attention_mask, "bool")
-            hidden = self.seq2seq.call_encoder(token_ids, mask)
+            hidden = protocol(self.seq2seq).call_encoder(token_ids, mask)
             cross = cross_attention(self.seq2seq, hidden, mask, layers)
             return [hidden, *cross]
 
@@ -329,7 +429,7 @@ def trace_decoder(loaded, description: Seq2Seq):
     """
     import tensorflow as tf
 
-    model, layers = loaded.model, description.layers
+    model, layers = protocol(loaded.model), description.layers
     inputs = decoder_inputs(description)
     specs = [tf.TensorSpec(info.shape, info.dtype, name=info.name) for info in inputs]
     swap = [0, 2, 1, 3]  # optimum's (batch, heads, length, size) <-> keras-hub's
@@ -397,6 +497,7 @@ def decoder_references(model, description: Seq2Seq) -> DecoderReference:
     mask = (np.arange(lengths.max()) < lengths[:, None]).astype("int32")
     ids = np.where(mask, rng.integers(1, description.vocabulary, mask.shape), 0).astype("int32")
     prompt = rng.integers(1, description.vocabulary, (len(lengths), DECODER_PROMPT)).astype("int32")
+    model = protocol(model)
     hidden = model.call_encoder(ids, mask.astype(bool))
     total = np.zeros((len(lengths), DECODER_PROMPT + DECODE_STEPS), "int32")
     self_cache, cross_cache = model._initialize_cache(ids, total)

@@ -225,7 +225,9 @@ def protocol_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, 
     from keras import ops
 
     mask = ops.convert_to_tensor(encoder_mask.astype(bool))
-    hidden = model.call_encoder(ops.convert_to_tensor(encoder_ids.astype("int32")), mask)
+    hidden = seq2seq.protocol(model).call_encoder(
+        ops.convert_to_tensor(encoder_ids.astype("int32")), mask
+    )
     tokens = np.asarray(prompts, "int32")
     for _ in range(new_tokens):
         logits = seq2seq._first_step(model, hidden, mask, ops.convert_to_tensor(tokens))[0]
