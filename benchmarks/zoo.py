@@ -233,7 +233,7 @@ def _seq2seq_cell(row: dict) -> str:
     if not found:
         return ""
     if "greedy_rows" not in found:
-        why = found["error"].split("--task seq2seq-lm: ", 1)[-1]
+        why = found["error"].split("--task seq2seq-lm: ", 1)[-1].removeprefix("UsageError: ")
         return f"not exported (exit {found['exit_code']}): {why}"[:200].replace("|", "/")
     equal, rows = found["greedy_rows"]
     cell = (

@@ -87,6 +87,10 @@ def run_model(entry, folder: Path) -> dict:
             row["error"] = zoo._one_line(caught)
     if entry.name in zoo_vision.PARTS:
         row["parts"] = _parts_row(model, folder / f"{entry.name}.parts", entry.name)
+    import keras_hub
+
+    if isinstance(model, keras_hub.models.Seq2SeqLM):  # speech and image to text
+        row["seq2seq"] = zoo.seq2seq_folder(model, folder / f"{entry.name}_seq2seq")
     return row
 
 
@@ -140,6 +144,7 @@ def render(report: dict) -> str:
         "fused",
         "export s",
         "with --parts (independent feed max abs diff)",
+        "seq2seq-lm folder",
         "note",
     ]
     rows = [
@@ -159,13 +164,14 @@ def render(report: dict) -> str:
             ),
             zoo._number(row.get("export_seconds"), ".1f"),
             _parts_cell(row),
+            zoo._seq2seq_cell(row),
             (row["known"] or (row["error"] if row["status"] != "passed" else "") or "").replace(
                 "|", "\\|"
             ),
         ]
         for row in report["models"]
     ]
-    aligned = [False] * 4 + [True] * 5 + [False, True, False, False]
+    aligned = [False] * 4 + [True] * 5 + [False, True, False, False, False]
     return markdown_table(header, aligned, rows)
 
 

@@ -54,20 +54,22 @@ def describe(model, name: str, shape: tuple, dtype: str, tensor) -> dict | None:
     waveform = len(shape) == 2 or (len(shape) == 3 and shape[2] == 1)
     if not waveform or not dtype.startswith(("float", "bfloat")) or shape[1] is not None:
         return None
-    reader = next(
-        (layer for layer in element_wise_readers(model, tensor) if _strided_conv(layer)), None
-    )
-    if reader is None:
+    readers = element_wise_readers(model, tensor)
+    reader = next((layer for layer in readers if _strided_conv(layer)), None)
+    declared = next((layer for layer in readers if getattr(layer, "reads_waveform", False)), None)
+    if reader is None and declared is None:
         return None
-    strides = int(max(np.atleast_1d(reader.strides)))
+    if reader is not None:
+        strides = int(max(np.atleast_1d(reader.strides)))
+        why = f"read by {type(reader).__name__} {reader.name!r} of stride {strides}: a waveform"
+    else:  # a wrapper whose call hides the convolution (`seq2seq.encoder_model`'s)
+        why = f"read by {type(declared).__name__} {declared.name!r}, which reads a waveform"
     return {
         "role": ROLE,
         "axes": ("batch", AXIS, *shape[2:]),
         "sequence": AXIS,
         "role_source": "wiring",
-        "role_reason": (
-            f"read by {type(reader).__name__} {reader.name!r} of stride {strides}: a waveform"
-        ),
+        "role_reason": why,
     }
 
 
@@ -92,14 +94,19 @@ def with_masks(infos: list) -> list:
     Returns:
         `infos`, each padding mask whose name shares a waveform's prefix
         (`encoder_` in `encoder_padding_mask`, `encoder_input_values`) on
-        the `samples` axis.
+        the `samples` axis; so is the only mask beside the only waveform
+        (optimum's `input_values` and `attention_mask`).
     """
     from dataclasses import replace
 
-    prefixes = {info.name.split("_")[0] for info in infos if is_audio(info)}
+    waves = [info for info in infos if is_audio(info)]
+    masks = [info for info in infos if info.is_padding_mask]
+    prefixes = {info.name.split("_")[0] for info in waves}
+    alone = len(waves) == 1 and len(masks) == 1 and len(infos) == 2
     return [
         replace(info, sequence=AXIS)
-        if info.is_padding_mask and "_" in info.name and info.name.split("_")[0] in prefixes
+        if info.is_padding_mask
+        and (alone or ("_" in info.name and info.name.split("_")[0] in prefixes))
         else info
         for info in infos
     ]

@@ -67,6 +67,14 @@ DECODER_ARGUMENTS = (
 # cross-attention keys and values named as optimum's decoder returns them.
 ENCODER_INPUTS = ("input_ids", "attention_mask")
 ENCODER_OUTPUT = "last_hidden_state"
+# An audio encoder's: optimum's waveform input, and the mask over its output
+# frames that the decoder's cross-attention reads (the encoder's convolutions
+# shorten the sequence, so the input's mask is not the decoder's).
+AUDIO_INPUT = "input_values"
+ENCODER_MASK_OUTPUT = "encoder_attention_mask"
+# Each row's waveform in the decoder's check (audio encoders): long enough for
+# several output frames, different, so the frames' mask pads.
+AUDIO_LENGTHS = (4096, 2560, 1536)
 
 
 def cross_names(layers: int) -> list[str]:
@@ -84,6 +92,13 @@ class Seq2Seq:
     hidden: int  # the encoder output's width
     vocabulary: int
     dtype: str  # the caches' (the model's compute dtype)
+    encoder_input: str = "ids"  # or "audio": a waveform (batch, samples, channels)
+    channels: int | None = None  # an audio input's last axis (None: (batch, samples))
+
+    @property
+    def audio(self) -> bool:
+        """Whether the encoder reads a waveform, its mask over the samples."""
+        return self.encoder_input == "audio"
 
 
 def _refuse(model, why: str) -> UsageError:
@@ -108,25 +123,25 @@ TUPLE_CACHE_ARGUMENTS = (
 )
 
 
-class TupleCaches:
-    """The protocol over a model that keeps its caches as one tuple
-    (keras-hub's T5Gemma and T5Gemma2): `call_encoder` returns `(output,
-    mask)`, and `call_decoder_with_cache(decoder_token_ids,
-    decoder_padding_mask, cache=(self, cross), cache_update_index,
-    encoder_output, encoder_padding_mask)` computes the cross-attention
-    keys and values when the tuple's cross cache is None and reads them
-    otherwise. The cache layout is the protocol's: (batch, layers, 2,
-    length, key/value heads, head size).
+class Adapter:
+    """The protocol over a keras-hub model whose methods take another form:
+    `call_encoder` returns `(output, mask)` (the mask the decoder's
+    cross-attention reads), and a subclass's `_decode` runs the decoder.
 
     Args:
         model: the keras-hub model.
     """
 
+    encoder_input = "ids"
+
     def __init__(self, model):
         self.model = model
 
-    def call_encoder(self, token_ids, padding_mask):
-        return self.model.call_encoder(token_ids, padding_mask)[0]
+    def call_encoder_with_mask(self, inputs, padding_mask):
+        return tuple(self.model.call_encoder(inputs, padding_mask))
+
+    def call_encoder(self, inputs, padding_mask):
+        return self.call_encoder_with_mask(inputs, padding_mask)[0]
 
     def call_decoder_with_cache(
         self,
@@ -138,32 +153,147 @@ class TupleCaches:
         cross_attention_cache=None,
         cross_attention_cache_update_index=None,
     ):
-        computed = cross_attention_cache_update_index is not None
-        logits, hidden, (own, cross) = self.model.call_decoder_with_cache(
-            decoder_token_ids=decoder_token_ids,
-            decoder_padding_mask=None,
-            cache=(self_attention_cache, None if computed else cross_attention_cache),
-            cache_update_index=self_attention_cache_update_index,
-            encoder_output=encoder_hidden_states,
-            encoder_padding_mask=encoder_padding_mask,
+        index = self_attention_cache_update_index
+        return self._decode(
+            encoder_hidden_states,
+            encoder_padding_mask,
+            decoder_token_ids,
+            self_attention_cache,
+            0 if index is None else index,
+            cross_attention_cache,
+            cross_attention_cache_update_index is not None,
         )
-        return logits, hidden, own, cross
+
+    def _decode(self, hidden, mask, ids, own, index, cross, computed) -> tuple:
+        """`(logits, hidden, own cache, cross cache)`; the cross-attention
+        cache computed from `hidden` when `computed`, else read from `cross`."""
+        raise NotImplementedError
+
+
+class TupleCaches(Adapter):
+    """keras-hub's T5Gemma and T5Gemma2, whose `call_decoder_with_cache(
+    decoder_token_ids, decoder_padding_mask, cache=(self, cross),
+    cache_update_index, encoder_output, encoder_padding_mask)` computes the
+    cross-attention keys and values when the tuple's cross cache is None and
+    reads them otherwise. The cache layout is the protocol's: (batch, layers,
+    2, length, key/value heads, head size).
+    """
+
+    def _decode(self, hidden, mask, ids, own, index, cross, computed) -> tuple:
+        logits, states, (own, cross) = self.model.call_decoder_with_cache(
+            decoder_token_ids=ids,
+            decoder_padding_mask=None,
+            cache=(own, None if computed else cross),
+            cache_update_index=index,
+            encoder_output=hidden,
+            encoder_padding_mask=mask,
+        )
+        return logits, states, own, cross
 
     def _initialize_cache(self, encoder_token_ids, decoder_token_ids):
+        backbone = self.model.backbone
+        sizes = (backbone.decoder_num_key_value_heads, backbone.decoder_head_dim)
+        return _zero_caches(self.model, backbone.decoder_num_layers, sizes, encoder_token_ids,
+                            decoder_token_ids)  # fmt: skip
+
+
+def _zero_caches(model, layers: int, sizes: tuple, encoder_ids, decoder_ids) -> tuple:
+    """The self- and the cross-attention caches, zero: (batch, layers, 2,
+    length, heads, head size), at the decoder's and the encoder's lengths."""
+    from keras import ops
+
+    batch = ops.shape(encoder_ids)[0]
+    return tuple(
+        ops.zeros((batch, layers, 2, ops.shape(ids)[1], *sizes), model.compute_dtype)
+        for ids in (decoder_ids, encoder_ids)
+    )
+
+
+class AudioEncoderCalls(Adapter):
+    """keras-hub's Moonshine (`MoonshineAudioToText`): `call_encoder(
+    encoder_input_values, padding_mask)` reads a waveform (batch, samples,
+    1) and returns the mask over the output frames its strided convolutions
+    leave; its own cached call takes one token at a time (the rotary position
+    of the cache index alone), and its cross-attention keys and values are
+    projected outside it (`_build_cache`). Here a call takes any number of
+    new tokens, at positions from the cache index on, and computes the
+    cross-attention cache from the encoder's output with the model's own
+    layers, as `_build_cache` does.
+    """
+
+    encoder_input = "audio"
+
+    def _decode(self, hidden, mask, ids, own, index, cross, computed) -> tuple:
         from keras import ops
 
         backbone = self.model.backbone
-        sizes = (backbone.decoder_num_key_value_heads, backbone.decoder_head_dim)
-        batch, layers = ops.shape(encoder_token_ids)[0], backbone.decoder_num_layers
-        return tuple(
-            ops.zeros((batch, layers, 2, ops.shape(ids)[1], *sizes), self.model.compute_dtype)
-            for ids in (decoder_token_ids, encoder_token_ids)
-        )
+        if computed:
+            cross = ops.stack(
+                [
+                    ops.stack(
+                        [
+                            block.cross_attention._key_dense(hidden),
+                            block.cross_attention._value_dense(hidden),
+                        ],
+                        axis=1,
+                    )
+                    for block in backbone.decoder_blocks
+                ],
+                axis=1,
+            )
+        x = backbone.token_embedding(ids)
+        positions = ops.arange(0, ops.shape(ids)[1], dtype="int32") + index
+        rotary = backbone.decoder_rotary_embedding(positions)
+        caches = []
+        for i, block in enumerate(backbone.decoder_blocks):
+            x, cache = block(
+                decoder_sequence=x,
+                encoder_sequence=hidden,
+                rotary_embedding=rotary,
+                encoder_padding_mask=mask,
+                self_attention_cache=own[:, i, ...],
+                self_attention_cache_update_index=index,
+                cross_attention_cache=cross[:, i, ...],
+                training=False,
+            )
+            caches.append(cache)
+        states = backbone.decoder_post_norm(x)
+        logits = backbone.token_embedding(states, reverse=True)
+        return logits, states, ops.stack(caches, axis=1), cross
+
+    def _initialize_cache(self, encoder_token_ids, decoder_token_ids):
+        """Both caches, zero; `encoder_token_ids` stands for the encoder's
+        output frames (its shape is what is read)."""
+        backbone = self.model.backbone
+        heads = backbone.decoder_num_heads
+        size = backbone.hidden_dim // heads
+        multiple = backbone.pad_head_dim_to_multiple_of
+        if multiple is not None:
+            size = (size + multiple - 1) // multiple * multiple
+        return _zero_caches(self.model, backbone.decoder_num_layers, (heads, size),
+                            encoder_token_ids, decoder_token_ids)  # fmt: skip
+
+
+def encoder_outputs(calls, inputs, padding_mask) -> tuple:
+    """The encoder's output and the mask the decoder's cross-attention reads:
+    the input's own, or the one an audio encoder returns over its frames.
+
+    Args:
+        calls: the protocol (`protocol(model)`).
+        inputs: the encoder's ids or waveform.
+        padding_mask: True on its tokens or samples.
+
+    Returns:
+        `(hidden, mask)`.
+    """
+    if hasattr(calls, "call_encoder_with_mask"):
+        return tuple(calls.call_encoder_with_mask(inputs, padding_mask))
+    return calls.call_encoder(inputs, padding_mask), padding_mask
 
 
 def protocol(model):
     """`model` itself when its methods are the protocol's; `TupleCaches`
-    over it when they are T5Gemma's form.
+    over it when they are T5Gemma's form, `AudioEncoderCalls` when Moonshine's.
 
     Args:
         model: an encoder-decoder.
@@ -177,6 +307,9 @@ def protocol(model):
     parameters = inspect.signature(method).parameters
     if all(name in parameters for name in DECODER_ARGUMENTS):
         return model
+    encoder = inspect.signature(model.call_encoder).parameters
+    if "encoder_input_values" in encoder and "cross_attention_cache" in parameters:
+        return AudioEncoderCalls(model)
     if all(name in parameters for name in TUPLE_CACHE_ARGUMENTS):
         return TupleCaches(model)
     return model
@@ -206,14 +339,18 @@ def describe(model) -> Seq2Seq:
     missing = [name for name in DECODER_ARGUMENTS if name not in parameters]
     if missing:
         raise _refuse(model, f"names no {', '.join(missing)} in `call_decoder_with_cache`")
-    ids, mask = ops.ones((1, 3), "int32"), ops.ones((1, 3), "bool")
+    audio = getattr(calls, "encoder_input", "ids") == "audio"
+    channels = _audio_channels(model) if audio else None
+    ids, mask = _probe(audio, channels)
+    what = f"a {mask.shape[1]}-sample waveform" if audio else "a 3-token input"
     try:
-        hidden = calls.call_encoder(ids, mask)
-        self_cache, cross_cache = calls._initialize_cache(ids, ids[:, :1])
+        hidden, mask = encoder_outputs(calls, ids, mask)
+        frames = ops.zeros(ops.shape(hidden)[:2], "int32")
+        self_cache, cross_cache = calls._initialize_cache(frames, frames[:, :1])
         logits = _first_step(model, hidden, mask)[0]
     except Exception as error:  # noqa: BLE001 - the model's own failure, named
         detail = one_line(f"{type(error).__name__}: {error}", 200)
-        raise _refuse(model, f"fails on a 3-token input ({detail})") from error
+        raise _refuse(model, f"fails on {what} ({detail})") from error
     try:  # a prompt of several tokens in one call, into a longer cache
         _first_step(model, hidden, mask, ops.ones((1, 2), "int32"), room=1)
     except Exception as error:  # noqa: BLE001 - the model's own failure, named
@@ -234,7 +371,31 @@ def describe(model) -> Seq2Seq:
         hidden=int(hidden.shape[-1]),
         vocabulary=int(logits.shape[-1]),
         dtype=keras.backend.standardize_dtype(cross_cache.dtype),
+        encoder_input="audio" if audio else "ids",
+        channels=channels,
     )
+
+
+def _audio_channels(model) -> int | None:
+    """An audio encoder's last input axis (1 for Moonshine's (batch, samples,
+    1)), read from the backbone's waveform input; None for (batch, samples)."""
+    backbone = getattr(model, "backbone", model)
+    inputs = getattr(backbone, "input", None)
+    values = inputs.get("encoder_input_values") if isinstance(inputs, dict) else None
+    shape = tuple(values.shape) if values is not None else (None, None, 1)
+    return shape[2] if len(shape) == 3 else None
+
+
+def _probe(audio: bool, channels: int | None) -> tuple:
+    """`describe`'s input: 3 token ids, or the longest waveform of the check."""
+    from keras import ops
+
+    if not audio:
+        return ops.ones((1, 3), "int32"), ops.ones((1, 3), "bool")
+    samples = max(AUDIO_LENGTHS)
+    shape = (1, samples) if channels is None else (1, samples, channels)
+    values = np.random.default_rng(0).uniform(-1, 1, shape).astype("float32")
+    return ops.convert_to_tensor(values), ops.ones((1, samples), "bool")
 
 
 def _first_step(model, hidden, padding_mask, ids=None, room: int = 0) -> tuple:
@@ -341,25 +502,37 @@ def encoder_model(model, description: Seq2Seq | None = None):
     layers = description.layers
 
     class EncoderSide(keras.layers.Layer):
+        # An audio encoder's waveform input is read inside this layer's call,
+        # where the pipeline cannot see the strided convolution (`audio.describe`).
+        reads_waveform = description.audio
+
         def __init__(self, seq2seq, **kwargs):
             super().__init__(**kwargs)
             self.seq2seq = seq2seq
 
         def call(self, token_ids, attention_mask):
             mask = keras.ops.cast(attention_mask, "bool")
-            hidden = protocol(self.seq2seq).call_encoder(token_ids, mask)
-            cross = cross_attention(self.seq2seq, hidden, mask, layers)
-            return [hidden, *cross]
+            hidden, frames = encoder_outputs(protocol(self.seq2seq), token_ids, mask)
+            cross = cross_attention(self.seq2seq, hidden, frames, layers)
+            if not description.audio:
+                return [hidden, *cross]
+            return [hidden, *cross, keras.ops.cast(frames, "int32")]
 
-    ids = keras.Input((None,), dtype="int32", name=ENCODER_INPUTS[0])
+    if description.audio:
+        shape = (None,) if description.channels is None else (None, description.channels)
+        ids = keras.Input(shape, dtype="float32", name=AUDIO_INPUT)
+    else:
+        ids = keras.Input((None,), dtype="int32", name=ENCODER_INPUTS[0])
     mask = keras.Input((None,), dtype="int32", name=ENCODER_INPUTS[1])
     outputs = EncoderSide(model, name="encoder_side")(ids, mask)
     names = [ENCODER_OUTPUT, *cross_names(layers)]
+    if description.audio:
+        names.append(ENCODER_MASK_OUTPUT)
     named = {
         name: keras.layers.Identity(name=name.replace(".", "_"))(tensor)
         for name, tensor in zip(names, outputs, strict=True)
     }
-    return keras.Model({"input_ids": ids, "attention_mask": mask}, named, name="encoder_model")
+    return keras.Model({ids.name: ids, "attention_mask": mask}, named, name="encoder_model")
 
 
 # --- the decoder, one step per call ----------------------------------------------
@@ -471,17 +644,33 @@ def trace_decoder(loaded, description: Seq2Seq):
 class DecoderReference:
     """Keras' side of the decoder's check: its cached calls, teacher-forced."""
 
-    encoder_ids: "object"  # (batch, encoder length) int32, 0 on padding
-    encoder_mask: "object"  # (batch, encoder length) int32, 0 on padding
+    encoder_ids: "object"  # what the encoder reads: (batch, length) ids, 0 on padding, or waves
+    encoder_input_mask: "object"  # (batch, length) int32, 0 on padding
+    encoder_mask: "object"  # the decoder's: over the encoder's output, int32
     cross: list  # the encoder's keys and values, optimum's layout, per layer
     tokens: list  # the prompt, then the token fed at each step (batch, n)
     logits: list  # Keras' logits of each call
 
 
+def _encoder_inputs(description: Seq2Seq, rng) -> tuple:
+    """The check's encoder inputs, right-padded: ids of `ENCODER_LENGTHS`
+    tokens, or waveforms of `AUDIO_LENGTHS` samples, and their mask."""
+    lengths = np.array(AUDIO_LENGTHS if description.audio else ENCODER_LENGTHS)
+    mask = (np.arange(lengths.max()) < lengths[:, None]).astype("int32")
+    if description.audio:
+        shape = mask.shape if description.channels is None else (*mask.shape, description.channels)
+        waves = rng.uniform(-1, 1, shape).astype("float32")
+        masked = mask if description.channels is None else mask[..., None]
+        return (waves * masked).astype("float32"), mask
+    ids = np.where(mask, rng.integers(1, description.vocabulary, mask.shape), 0).astype("int32")
+    return ids, mask
+
+
 def decoder_references(model, description: Seq2Seq) -> DecoderReference:
     """Run Keras' cached decoder over a prompt and `DECODE_STEPS` greedy
-    steps, for encoder inputs of `ENCODER_LENGTHS` tokens padded to the
-    longest (so a file that ignores the encoder's mask fails).
+    steps, for encoder inputs of `ENCODER_LENGTHS` tokens (or
+    `AUDIO_LENGTHS` samples) padded to the longest (so a file that ignores
+    the encoder's mask fails).
 
     Args:
         model: the encoder-decoder.
@@ -493,14 +682,14 @@ def decoder_references(model, description: Seq2Seq) -> DecoderReference:
     from keras import ops
 
     rng = np.random.default_rng(validating.SEED)
-    lengths = np.array(ENCODER_LENGTHS)
-    mask = (np.arange(lengths.max()) < lengths[:, None]).astype("int32")
-    ids = np.where(mask, rng.integers(1, description.vocabulary, mask.shape), 0).astype("int32")
-    prompt = rng.integers(1, description.vocabulary, (len(lengths), DECODER_PROMPT)).astype("int32")
+    ids, input_mask = _encoder_inputs(description, rng)
+    batch = len(input_mask)
+    prompt = rng.integers(1, description.vocabulary, (batch, DECODER_PROMPT)).astype("int32")
     model = protocol(model)
-    hidden = model.call_encoder(ids, mask.astype(bool))
-    total = np.zeros((len(lengths), DECODER_PROMPT + DECODE_STEPS), "int32")
-    self_cache, cross_cache = model._initialize_cache(ids, total)
+    hidden, mask = encoder_outputs(model, ids, input_mask.astype(bool))
+    mask = np.asarray(mask).astype("int32")
+    total = np.zeros((batch, DECODER_PROMPT + DECODE_STEPS), "int32")
+    self_cache, cross_cache = model._initialize_cache(np.zeros(mask.shape, "int32"), total)
     tokens, logits, index, cross_index = [prompt], [], 0, 0
     for _ in range(DECODE_STEPS + 1):
         out, _, self_cache, cross = model.call_decoder_with_cache(
@@ -520,7 +709,7 @@ def decoder_references(model, description: Seq2Seq) -> DecoderReference:
     cross = np.asarray(cross_cache)
     layers = range(description.layers)
     layout = [cross[:, i, kind].transpose(0, 2, 1, 3) for i in layers for kind in (0, 1)]
-    return DecoderReference(ids, mask, layout, tokens[:-1], logits)
+    return DecoderReference(ids, input_mask, mask, layout, tokens[:-1], logits)
 
 
 def validate_decoder(reference: DecoderReference, onnx_path, atol, rtol, lean_memory=False):

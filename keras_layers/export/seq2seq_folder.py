@@ -165,9 +165,11 @@ def folder_config(model, description: seq2seq.Seq2Seq, special: Special) -> dict
         "decoder_start_token_ids": None if special.start is None else list(special.start),
         "end_token_id": special.end,
         "pad_token_id": special.pad,
-        "max_encoder_length": limit,
+        "max_encoder_length": None if description.audio else limit,
         "max_decoder_length": limit,
         "positions_from": source,
+        "encoder_input": description.encoder_input,
+        "audio_channels": description.channels,
     }
 
 
@@ -178,8 +180,9 @@ def keras_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, end
 
     Args:
         model: the encoder-decoder.
-        encoder_ids: (batch, length) ids, right-padded.
-        encoder_mask: booleans like them.
+        encoder_ids: (batch, length) ids, right-padded; or float waveforms
+            (batch, samples[, channels]) for a speech model.
+        encoder_mask: booleans (batch, length), True on tokens (or samples).
         prompts: the decoder's start tokens (batch, n).
         new_tokens: tokens each row gains.
         end: the end id, or None.
@@ -191,6 +194,8 @@ def keras_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, end
         return protocol_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens, end)
     from keras_hub.samplers import GreedySampler
 
+    audio = encoder_ids.dtype.kind == "f"  # a speech model's waveforms
+    key = "encoder_input_values" if audio else "encoder_token_ids"
     batch, start = prompts.shape
     decoder = np.zeros((batch, start + new_tokens), "int32")
     decoder[:, :start] = prompts
@@ -201,7 +206,7 @@ def keras_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, end
     try:
         output = model.generate_step(
             {
-                "encoder_token_ids": encoder_ids.astype("int32"),
+                key: encoder_ids if audio else encoder_ids.astype("int32"),
                 "encoder_padding_mask": encoder_mask.astype(bool),
                 "decoder_token_ids": decoder,
                 "decoder_padding_mask": mask,
@@ -225,9 +230,8 @@ def protocol_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, 
     from keras import ops
 
     mask = ops.convert_to_tensor(encoder_mask.astype(bool))
-    hidden = seq2seq.protocol(model).call_encoder(
-        ops.convert_to_tensor(encoder_ids.astype("int32")), mask
-    )
+    inputs = encoder_ids if encoder_ids.dtype.kind == "f" else encoder_ids.astype("int32")
+    hidden, mask = seq2seq.encoder_outputs(seq2seq.protocol(model), inputs, mask)
     tokens = np.asarray(prompts, "int32")
     for _ in range(new_tokens):
         logits = seq2seq._first_step(model, hidden, mask, ops.convert_to_tensor(tokens))[0]
@@ -255,6 +259,9 @@ def _keras_text(model, texts: list, max_length: int) -> list:
 
 
 def _proof_inputs(description: seq2seq.Seq2Seq, config: dict) -> tuple:
+    if description.audio:  # waveforms of the decoder check's lengths, padded
+        waves, mask = seq2seq._encoder_inputs(description, np.random.default_rng(0))
+        return waves, mask.astype(bool)
     limit = config["max_encoder_length"] or max(ENCODER_LENGTHS)
     lengths = np.minimum(np.array(ENCODER_LENGTHS), limit)
     rng = np.random.default_rng(0)
@@ -280,8 +287,10 @@ def composed(model, staged: Path, description, options: ExportOptions) -> dict:
         `{"equal", "checks", "error"}`: the prompt's check and the decode steps'.
     """
     reference = seq2seq.decoder_references(model, description)
-    cross = Seq2SeqFolder(staged).encode(reference.encoder_ids, reference.encoder_mask == 1)
-    fed = replace(reference, cross=cross)
+    cross, mask = Seq2SeqFolder(staged).encode(
+        reference.encoder_ids, reference.encoder_input_mask == 1
+    )
+    fed = replace(reference, cross=cross, encoder_mask=mask)
     checked = seq2seq.validate_decoder(fed, staged / DECODER_FILE, options.atol, options.rtol)
     return {
         "equal": checked.passed,
@@ -317,7 +326,8 @@ def prove_folder(
     if config["max_decoder_length"] is not None:
         new = min(new, config["max_decoder_length"] - len(start))
     expected = keras_greedy(model, ids, mask, prompts, new, special.end)
-    feeds = {"encoder_token_ids": ids, "encoder_padding_mask": mask, "decoder_token_ids": prompts}
+    key = "encoder_input_values" if description.audio else "encoder_token_ids"
+    feeds = {key: ids, "encoder_padding_mask": mask, "decoder_token_ids": prompts}
     tokens = generate(staged, feeds, new, end_token_id=special.end)
     got = [_until_end(row[len(start) :], special.end) for row in tokens]
     result = {

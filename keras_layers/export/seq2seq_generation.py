@@ -84,6 +84,13 @@ class Settings:
     pad_token_id: int
     max_encoder_length: int | None  # None: no position table bounds it
     max_decoder_length: int | None
+    encoder_input: str = "ids"  # or "audio": the encoder reads waveforms
+    audio_channels: int | None = None  # a waveform's last axis (None: (batch, samples))
+
+    @property
+    def audio(self) -> bool:
+        """Whether the encoder reads waveforms."""
+        return self.encoder_input == "audio"
 
 
 def _count(config: dict, key: str, path: Path, none_allowed: bool, least: int = 0):
@@ -93,6 +100,13 @@ def _count(config: dict, key: str, path: Path, none_allowed: bool, least: int = 
     if not decoding._is_int(value) or value < least:
         raise DecoderFileError(path, f'"{key}" is {_shown(value)}: not an int >= {least}; {_AGAIN}')
     return int(value)
+
+
+def _encoder_input(config: dict, path: Path) -> str:
+    kind = config.get("encoder_input", "ids")
+    if kind not in ("ids", "audio"):
+        raise DecoderFileError(path, f'"encoder_input" is {_shown(kind)}, not "ids" or "audio"')
+    return kind
 
 
 def read_settings(path: Path) -> Settings:
@@ -132,6 +146,8 @@ def read_settings(path: Path) -> Settings:
         pad_token_id=_count(config, "pad_token_id", path, False),
         max_encoder_length=_count(config, "max_encoder_length", path, True, 1),
         max_decoder_length=_count(config, "max_decoder_length", path, True, 1),
+        encoder_input=_encoder_input(config, path),
+        audio_channels=_count(config, "audio_channels", path, True, 1),
     )
     ids = [*(settings.decoder_start_token_ids or ()), settings.end_token_id, settings.pad_token_id]
     outside = [token for token in ids if token is not None and token >= settings.vocabulary]
@@ -198,7 +214,8 @@ class Seq2SeqFolder:
         encoder_inputs = {value.name: value for value in self.encoder.get_inputs()}
         decoder_inputs = {value.name: value for value in self.decoder.get_inputs()}
         encoder_outputs = {value.name for value in self.encoder.get_outputs()}
-        wanted = {"input_ids", "attention_mask"} <= set(encoder_inputs) and set(
+        self.input_name = "input_values" if self.settings.audio else "input_ids"
+        wanted = {self.input_name, "attention_mask"} <= set(encoder_inputs) and set(
             self.cross_names
         ) <= encoder_outputs
         past = [f"past_key_values.{i}.decoder.{k}" for i in layers for k in ("key", "value")]
@@ -212,25 +229,34 @@ class Seq2SeqFolder:
             decoder_inputs["input_ids"].type, "input_ids", self.folder / DECODER_FILE
         )
 
-    def encode(self, token_ids: np.ndarray, mask: np.ndarray) -> list:
-        """The encoder's cross-attention keys and values of a padded batch.
+    def encode(self, token_ids: np.ndarray, mask: np.ndarray) -> tuple:
+        """The encoder's cross-attention keys and values of a padded batch,
+        and the mask the decoder reads with them.
 
         Args:
-            token_ids: (batch, length) ids.
-            mask: booleans like `token_ids`, True on tokens.
+            token_ids: (batch, length) ids, or waveforms (batch, samples[,
+                channels]) for an audio encoder.
+            mask: booleans (batch, length), True on tokens (or samples).
 
         Returns:
-            `2 * layers` arrays (batch, heads, length, head size), key first.
+            `(cross, mask)`: `2 * layers` arrays (batch, heads, length, head
+            size), key first; the decoder's `encoder_attention_mask` (int32),
+            `mask` itself or, for an audio encoder, the one over its output
+            frames that the encoder's file returns.
         """
-        feeds = {"input_ids": token_ids.astype(np.int32), "attention_mask": mask.astype(np.int32)}
-        return self.encoder.run(self.cross_names, feeds)
+        dtype = np.float32 if self.settings.audio else np.int32
+        feeds = {self.input_name: token_ids.astype(dtype), "attention_mask": mask.astype(np.int32)}
+        if not self.settings.audio:
+            return self.encoder.run(self.cross_names, feeds), mask.astype(np.int32)
+        *cross, frames = self.encoder.run([*self.cross_names, "encoder_attention_mask"], feeds)
+        return cross, frames
 
     def stepper(self, cross: list, mask: np.ndarray):
         """`decoder_stepper` on the folder's decoder.
 
         Args:
             cross: `encode`'s keys and values.
-            mask: the encoder's mask (batch, length).
+            mask: `encode`'s mask (batch, length).
 
         Returns:
             `step(token_ids) -> logits`.
@@ -313,21 +339,54 @@ def _check_length(name: str, length: int, limit: int | None) -> None:
         )
 
 
+def _check_waves(values, settings: Settings) -> np.ndarray:
+    """Float waveforms (batch, samples), or (batch, samples, channels) as the
+    model reads them; finite, at least one row and one sample."""
+    waves = decoding._array("token_ids", values)
+    if waves.dtype.kind != "f":
+        raise decoding.ArgumentTypeError(
+            f"token_ids of dtype {waves.dtype}: the folder's encoder reads waveforms; give "
+            "float32 samples (batch, samples), decoded audio in -1..1"
+        )
+    channels = settings.audio_channels
+    if channels is not None and waves.ndim == 2:
+        waves = waves[..., None] if channels == 1 else waves
+    wanted = 2 if channels is None else 3
+    if waves.ndim != wanted or 0 in waves.shape[:2] or (channels and waves.shape[2] != channels):
+        shape = "(batch, samples)" if channels is None else f"(batch, samples, {channels})"
+        raise ValueError(
+            f"token_ids of shape {waves.shape}: the folder's encoder reads waveforms of shape "
+            f"{shape}, at least one row and one sample a row"
+        )
+    if not np.isfinite(waves).all():
+        row = int(np.argwhere(~np.isfinite(waves))[0][0])
+        raise ValueError(f"token_ids[{row}] holds a NaN or infinite sample; give finite audio")
+    return waves.astype(np.float32)
+
+
+def _encoder_part(inputs, mask, settings: Settings) -> tuple:
+    """The encoder's ids (or waveforms) and their mask, each checked."""
+    encoder = _check_waves(inputs, settings) if settings.audio else decoding._check_ids(inputs)
+    return encoder, decoding._check_mask(mask, encoder.shape[:2])
+
+
 def _from_dict(inputs: dict, settings: Settings) -> tuple:
-    """keras-hub's dict of ids, each part checked."""
-    unknown = sorted(set(inputs) - set(DICT_KEYS), key=str)
-    if unknown or "encoder_token_ids" not in inputs:
+    """keras-hub's dict of ids (a speech model's waveforms under
+    `encoder_input_values`), each part checked."""
+    first = "encoder_input_values" if settings.audio else "encoder_token_ids"
+    keys = (first, *DICT_KEYS[1:])
+    unknown = sorted(set(inputs) - set(keys), key=str)
+    if unknown or first not in inputs:
         raise ValueError(
             f"token_ids: a dict of keys {sorted(inputs, key=str)}; give keras-hub's "
-            f"{', '.join(DICT_KEYS)} (encoder_token_ids at least)"
+            f"{', '.join(keys)} ({first} at least)"
         )
-    encoder = decoding._check_ids(inputs["encoder_token_ids"])
-    mask = decoding._check_mask(inputs.get("encoder_padding_mask"), encoder.shape)
+    encoder, mask = _encoder_part(inputs[first], inputs.get("encoder_padding_mask"), settings)
     if "decoder_token_ids" in inputs:
         decoder = decoding._check_ids(inputs["decoder_token_ids"])
         if decoder.shape[0] != encoder.shape[0]:
             raise ValueError(
-                f"decoder_token_ids of shape {decoder.shape}: encoder_token_ids has "
+                f"decoder_token_ids of shape {decoder.shape}: {first} has "
                 f"{encoder.shape[0]} rows; give one decoder prompt a row"
             )
         decoder_mask = decoding._check_mask(inputs.get("decoder_padding_mask"), decoder.shape)
@@ -385,18 +444,23 @@ def generate(folder, token_ids, max_new_tokens, padding_mask, end_token_id, pad_
             raise ValueError(
                 f"{name}={value}: outside the vocabulary [0, {settings.vocabulary}) of the model"
             )
+    if text and settings.audio:
+        raise ValueError(
+            f"token_ids={_shown(token_ids)}: the folder's encoder reads waveforms, not text; "
+            "give float samples (batch, samples) or keras-hub's dict with encoder_input_values"
+        )
     if text:
         encoder, mask, tokenizer = _encoded(model, token_ids)
         decoder, decoder_mask = _start_prompts(settings, encoder.shape[0])
     elif isinstance(token_ids, dict):
         encoder, mask, decoder, decoder_mask = _from_dict(token_ids, settings)
     else:
-        encoder = decoding._check_ids(token_ids)
-        mask = decoding._check_mask(padding_mask, encoder.shape)
+        encoder, mask = _encoder_part(token_ids, padding_mask, settings)
         decoder, decoder_mask = _start_prompts(settings, encoder.shape[0])
-    _check_within("encoder_token_ids", encoder, mask, settings.vocabulary)
+    if not settings.audio:
+        _check_within("encoder_token_ids", encoder, mask, settings.vocabulary)
+        _check_length("the encoder's input", encoder.shape[1], settings.max_encoder_length)
     _check_within("decoder_token_ids", decoder, decoder_mask, settings.vocabulary)
-    _check_length("the encoder's input", encoder.shape[1], settings.max_encoder_length)
     total = int(decoder_mask.sum(axis=1).max()) + int(max_new_tokens)
     named = f"the decoder's prompt and max_new_tokens={max_new_tokens}"
     _check_length(named, total, settings.max_decoder_length)
@@ -412,8 +476,8 @@ def generate(folder, token_ids, max_new_tokens, padding_mask, end_token_id, pad_
 
 def _run(model, encoder, mask, decoder, decoder_mask, max_new_tokens, pick, end, pad):
     mask = mask.astype(bool)
-    encoder = np.where(mask, encoder, 0)
-    step = model.stepper(model.encode(encoder, mask), mask)
+    encoder = np.where(mask if encoder.ndim == 2 else mask[..., None], encoder, 0)
+    step = model.stepper(*model.encode(encoder, mask))
     return decoding.lockstep(
         step, model.ids_dtype, decoder, decoder_mask, max_new_tokens, pick, end, pad
     )

@@ -1,0 +1,101 @@
+"""Speech to text: keras-hub's `MoonshineAudioToText` as a `--task seq2seq-lm` folder.
+
+Moonshine's encoder reads a waveform (batch, samples, 1) and its strided
+convolutions leave fewer frames than samples, so the mask the decoder's
+cross-attention reads is the encoder's own over its frames: the encoder's
+file returns it (`encoder_attention_mask`) beside the cross-attention keys
+and values. Its cached call takes one token at a time and projects the
+cross-attention keys and values outside it (`seq2seq.AudioEncoderCalls`
+calls its layers as its own `_build_cache` does). The folder's greedy tokens
+are held to keras-hub's own `generate_step` on waveforms of three lengths in
+one padded batch.
+"""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from keras_layers.export import Seq2SeqFolder, export_model, generate, seq2seq
+from keras_layers.export.seq2seq_folder import keras_greedy
+from keras_layers.export.validating import DEFAULT_ATOL, DEFAULT_RTOL
+from tests import zoo_vision
+
+pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
+
+
+@pytest.fixture(scope="module")
+def moonshine():
+    return zoo_vision.build("MoonshineAudioToText")
+
+
+@pytest.fixture(scope="module")
+def folder(moonshine, tmp_path_factory):
+    path = tmp_path_factory.mktemp("moonshine") / "moonshine"
+    report = export_model(moonshine, f"{path}/", task="seq2seq-lm")
+    return path, report
+
+
+def _waves(lengths=(3000, 1900), seed=3):
+    rng = np.random.default_rng(seed)
+    mask = np.arange(max(lengths)) < np.array(lengths)[:, None]
+    return (rng.uniform(-1, 1, mask.shape) * mask).astype("float32"), mask
+
+
+def test_the_folder_reads_waveforms_and_returns_the_frames_mask(folder):
+    path, report = folder
+    assert report["passed"] and report["generation"]["ids"]["equal"]
+    assert report["config"]["encoder_input"] == "audio"
+    assert report["config"]["audio_channels"] == 1
+    inputs = {entry["name"]: entry for entry in report["encoder"]["inputs"]}
+    assert inputs["input_values"]["role"] == "audio"
+    assert inputs["attention_mask"]["shape"] == ["batch", "samples"]
+    waves, mask = _waves()
+    _cross, frames = Seq2SeqFolder(path).encode(waves[..., None], mask)
+    assert frames.shape[1] < waves.shape[1] // 100  # frames, not samples
+    assert frames.sum(axis=1).tolist()[0] > frames.sum(axis=1).tolist()[1]
+
+
+def test_generate_on_waveforms_gives_keras_hubs_greedy_tokens(moonshine, folder):
+    """Two waveforms of other lengths than the proof's, padded in one batch,
+    given as (batch, samples): the channel axis is the folder's to add."""
+    path, _ = folder
+    waves, mask = _waves()
+    start = np.array([[1], [1]], "int32")
+    feeds = {"encoder_input_values": waves, "encoder_padding_mask": mask}
+    feeds["decoder_token_ids"] = start
+    tokens = generate(path, feeds, 7)
+    expected = keras_greedy(moonshine, waves[..., None], mask, start, 7, None)
+    assert tokens[:, 1:].tolist() == expected
+
+
+def test_the_decoder_check_fails_a_folder_fed_the_samples_mask(moonshine, folder):
+    """The composed check with the encoder file's frames mask passes; with
+    every frame marked valid (the padded rows' silence attended to) it fails."""
+    path, _ = folder
+    reference = seq2seq.decoder_references(moonshine, seq2seq.describe(moonshine))
+    cross, frames = Seq2SeqFolder(path).encode(
+        reference.encoder_ids, reference.encoder_input_mask == 1
+    )
+    fed = replace(reference, cross=cross, encoder_mask=frames)
+    decoder = path / "decoder_with_past_model.onnx"
+    assert seq2seq.validate_decoder(fed, decoder, DEFAULT_ATOL, DEFAULT_RTOL).passed
+    assert frames.sum(axis=1).min() < frames.shape[1]  # the batch pads frames
+    unmasked = replace(fed, encoder_mask=np.ones_like(frames))
+    assert not seq2seq.validate_decoder(unmasked, decoder, DEFAULT_ATOL, DEFAULT_RTOL).passed
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("hello", "reads waveforms, not text"),
+        (np.ones((1, 800), "int32"), "the folder's encoder reads waveforms; give float32"),
+        (np.ones((1, 800, 2), "float32"), r"of shape \(1, 800, 2\).*\(batch, samples, 1\)"),
+        (np.full((1, 800), np.nan, "float32"), r"token_ids\[0\] holds a NaN"),
+        ({"encoder_token_ids": np.ones((1, 3), "int32")}, "encoder_input_values at least"),
+    ],
+)
+def test_generate_refuses_what_a_speech_folder_cannot_take(folder, given, message):
+    path, _ = folder
+    with pytest.raises(ValueError, match=message):
+        generate(path, given, 3)
