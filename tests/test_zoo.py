@@ -119,10 +119,10 @@ SEQ2SEQ_REFUSED = {
 
 
 # keras-hub's Seq2SeqLMs whose encoder reads media: the vision and audio zoo
-# (tests/zoo_vision.py) builds them; their folders are not exported yet.
+# (tests/zoo_vision.py) builds them, and these tests export their folders.
 SEQ2SEQ_MEDIA = {
-    "BLIP2Seq2SeqLM": "its encoder reads images (and the prompt's ids)",
-    "MoonshineAudioToText": "exported by tests/test_seq2seq_audio.py",
+    "BLIP2Seq2SeqLM": "tests/test_seq2seq_image.py",
+    "MoonshineAudioToText": "tests/test_seq2seq_speech.py",
 }
 
 

@@ -75,6 +75,8 @@ ENCODER_MASK_OUTPUT = "encoder_attention_mask"
 # Each row's waveform in the decoder's check (audio encoders): long enough for
 # several output frames, different, so the frames' mask pads.
 AUDIO_LENGTHS = (4096, 2560, 1536)
+# An image-prompted encoder's image input (keras-hub's name; NHWC, as Keras reads it).
+IMAGE_INPUT = "images"
 
 
 def cross_names(layers: int) -> list[str]:
@@ -92,13 +94,25 @@ class Seq2Seq:
     hidden: int  # the encoder output's width
     vocabulary: int
     dtype: str  # the caches' (the model's compute dtype)
-    encoder_input: str = "ids"  # or "audio": a waveform (batch, samples, channels)
+    encoder_input: str = "ids"  # "audio": a waveform; "image": images and a prompt's ids
     channels: int | None = None  # an audio input's last axis (None: (batch, samples))
+    image_shape: tuple | None = None  # an image input's (height, width, channels)
 
     @property
     def audio(self) -> bool:
         """Whether the encoder reads a waveform, its mask over the samples."""
         return self.encoder_input == "audio"
+
+    @property
+    def image(self) -> bool:
+        """Whether the encoder reads images beside the prompt's ids."""
+        return self.encoder_input == "image"
+
+    @property
+    def masks_itself(self) -> bool:
+        """Whether the encoder returns the mask the decoder reads (its output
+        is not its input's length: audio frames, or image queries prepended)."""
+        return self.encoder_input != "ids"
 
 
 def _refuse(model, why: str) -> UsageError:
@@ -274,6 +288,44 @@ class AudioEncoderCalls(Adapter):
                             encoder_token_ids, decoder_token_ids)  # fmt: skip
 
 
+class ImagePromptCalls(Adapter):
+    """keras-hub's BLIP-2 (`BLIP2Seq2SeqLM`): `call_encoder(
+    encoder_token_ids, encoder_padding_mask, images)` prepends the image's
+    Q-Former queries to the prompt and returns their mask with the prompt's,
+    (batch, 1, length); `call_decoder_with_cache(decoder_token_ids,
+    encoder_hidden_states, encoder_attention_mask, ...)` takes that mask
+    and the protocol's caches and indices. `inputs` here is `(token_ids,
+    images)`, and the mask the decoder reads is (batch, length).
+    """
+
+    encoder_input = "image"
+
+    def call_encoder_with_mask(self, inputs, padding_mask):
+        from keras import ops
+
+        token_ids, images = inputs
+        padding_mask = ops.cast(padding_mask, "int32")  # concatenated with its queries' mask
+        hidden, mask = self.model.call_encoder(token_ids, padding_mask, images)
+        return hidden, ops.reshape(mask, (ops.shape(mask)[0], ops.shape(mask)[-1]))
+
+    def _decode(self, hidden, mask, ids, own, index, cross, computed) -> tuple:
+        from keras import ops
+
+        return self.model.call_decoder_with_cache(
+            decoder_token_ids=ids,
+            encoder_hidden_states=hidden,
+            encoder_attention_mask=ops.cast(mask, "int32")[:, None, :],
+            self_attention_cache=own,
+            self_attention_cache_update_index=index,
+            cross_attention_cache=cross,
+            cross_attention_cache_update_index=0 if computed else None,
+        )
+
+    def _initialize_cache(self, encoder_token_ids, decoder_token_ids):
+        """`encoder_token_ids` stands for the encoder's output (its shape is read)."""
+        return self.model._initialize_cache(encoder_token_ids, decoder_token_ids)
+
+
 def encoder_outputs(calls, inputs, padding_mask) -> tuple:
     """The encoder's output and the mask the decoder's cross-attention reads:
     the input's own, or the one an audio encoder returns over its frames.
@@ -293,7 +345,8 @@ def encoder_outputs(calls, inputs, padding_mask) -> tuple:
 
 def protocol(model):
     """`model` itself when its methods are the protocol's; `TupleCaches`
-    over it when they are T5Gemma's form, `AudioEncoderCalls` when Moonshine's.
+    over it when they are T5Gemma's form, `AudioEncoderCalls` when Moonshine's,
+    `ImagePromptCalls` when BLIP-2's.
 
     Args:
         model: an encoder-decoder.
@@ -310,6 +363,8 @@ def protocol(model):
     encoder = inspect.signature(model.call_encoder).parameters
     if "encoder_input_values" in encoder and "cross_attention_cache" in parameters:
         return AudioEncoderCalls(model)
+    if "images" in encoder and "encoder_attention_mask" in parameters:
+        return ImagePromptCalls(model)
     if all(name in parameters for name in TUPLE_CACHE_ARGUMENTS):
         return TupleCaches(model)
     return model
@@ -339,10 +394,13 @@ def describe(model) -> Seq2Seq:
     missing = [name for name in DECODER_ARGUMENTS if name not in parameters]
     if missing:
         raise _refuse(model, f"names no {', '.join(missing)} in `call_decoder_with_cache`")
-    audio = getattr(calls, "encoder_input", "ids") == "audio"
+    kind = getattr(calls, "encoder_input", "ids")
+    audio = kind == "audio"
     channels = _audio_channels(model) if audio else None
-    ids, mask = _probe(audio, channels)
-    what = f"a {mask.shape[1]}-sample waveform" if audio else "a 3-token input"
+    image_shape = _image_shape(model) if kind == "image" else None
+    ids, mask = _probe(kind, channels, image_shape)
+    what = {"audio": f"a {mask.shape[1]}-sample waveform", "image": "an image and 3 tokens"}
+    what = what.get(kind, "a 3-token input")
     try:
         hidden, mask = encoder_outputs(calls, ids, mask)
         frames = ops.zeros(ops.shape(hidden)[:2], "int32")
@@ -371,8 +429,9 @@ def describe(model) -> Seq2Seq:
         hidden=int(hidden.shape[-1]),
         vocabulary=int(logits.shape[-1]),
         dtype=keras.backend.standardize_dtype(cross_cache.dtype),
-        encoder_input="audio" if audio else "ids",
+        encoder_input=kind,
         channels=channels,
+        image_shape=image_shape,
     )
 
 
@@ -386,11 +445,28 @@ def _audio_channels(model) -> int | None:
     return shape[2] if len(shape) == 3 else None
 
 
-def _probe(audio: bool, channels: int | None) -> tuple:
-    """`describe`'s input: 3 token ids, or the longest waveform of the check."""
+def _image_shape(model) -> tuple:
+    """An image-prompted encoder's (height, width, channels), from the
+    backbone's `images` input (fixed: a ViT's position table)."""
+    backbone = getattr(model, "backbone", model)
+    inputs = getattr(backbone, "input", None)
+    images = inputs.get(IMAGE_INPUT) if isinstance(inputs, dict) else None
+    shape = tuple(images.shape)[1:] if images is not None else ()
+    if len(shape) != 3 or not all(isinstance(size, int) for size in shape):
+        raise _refuse(model, f"reads images of shape {shape}, not of a fixed height and width")
+    return shape
+
+
+def _probe(kind: str, channels: int | None, image_shape: tuple | None) -> tuple:
+    """`describe`'s input: 3 token ids (with an image), or the longest
+    waveform of the check."""
     from keras import ops
 
-    if not audio:
+    if kind == "image":
+        image = np.random.default_rng(0).uniform(0, 1, (1, *image_shape)).astype("float32")
+        ids = ops.ones((1, 3), "int32")
+        return (ids, ops.convert_to_tensor(image)), ops.ones((1, 3), "int32")
+    if kind != "audio":
         return ops.ones((1, 3), "int32"), ops.ones((1, 3), "bool")
     samples = max(AUDIO_LENGTHS)
     shape = (1, samples) if channels is None else (1, samples, channels)
@@ -510,11 +586,13 @@ def encoder_model(model, description: Seq2Seq | None = None):
             super().__init__(**kwargs)
             self.seq2seq = seq2seq
 
-        def call(self, token_ids, attention_mask):
+        def call(self, token_ids, attention_mask, images=None):
             mask = keras.ops.cast(attention_mask, "bool")
+            if description.image:
+                token_ids = (token_ids, images)
             hidden, frames = encoder_outputs(protocol(self.seq2seq), token_ids, mask)
             cross = cross_attention(self.seq2seq, hidden, frames, layers)
-            if not description.audio:
+            if not description.masks_itself:
                 return [hidden, *cross]
             return [hidden, *cross, keras.ops.cast(frames, "int32")]
 
@@ -524,15 +602,21 @@ def encoder_model(model, description: Seq2Seq | None = None):
     else:
         ids = keras.Input((None,), dtype="int32", name=ENCODER_INPUTS[0])
     mask = keras.Input((None,), dtype="int32", name=ENCODER_INPUTS[1])
-    outputs = EncoderSide(model, name="encoder_side")(ids, mask)
+    inputs = {ids.name: ids, "attention_mask": mask}
+    if description.image:
+        images = keras.Input(description.image_shape, dtype="float32", name=IMAGE_INPUT)
+        inputs[IMAGE_INPUT] = images
+        outputs = EncoderSide(model, name="encoder_side")(ids, mask, images)
+    else:
+        outputs = EncoderSide(model, name="encoder_side")(ids, mask)
     names = [ENCODER_OUTPUT, *cross_names(layers)]
-    if description.audio:
+    if description.masks_itself:
         names.append(ENCODER_MASK_OUTPUT)
     named = {
         name: keras.layers.Identity(name=name.replace(".", "_"))(tensor)
         for name, tensor in zip(names, outputs, strict=True)
     }
-    return keras.Model({ids.name: ids, "attention_mask": mask}, named, name="encoder_model")
+    return keras.Model(inputs, named, name="encoder_model")
 
 
 # --- the decoder, one step per call ----------------------------------------------
@@ -663,6 +747,9 @@ def _encoder_inputs(description: Seq2Seq, rng) -> tuple:
         masked = mask if description.channels is None else mask[..., None]
         return (waves * masked).astype("float32"), mask
     ids = np.where(mask, rng.integers(1, description.vocabulary, mask.shape), 0).astype("int32")
+    if description.image:
+        images = rng.uniform(0, 1, (len(ids), *description.image_shape)).astype("float32")
+        return (ids, images), mask
     return ids, mask
 
 

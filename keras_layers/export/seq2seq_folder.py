@@ -170,6 +170,7 @@ def folder_config(model, description: seq2seq.Seq2Seq, special: Special) -> dict
         "positions_from": source,
         "encoder_input": description.encoder_input,
         "audio_channels": description.channels,
+        "image_shape": None if description.image_shape is None else list(description.image_shape),
     }
 
 
@@ -194,6 +195,9 @@ def keras_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, end
         return protocol_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens, end)
     from keras_hub.samplers import GreedySampler
 
+    extra = {}
+    if isinstance(encoder_ids, tuple):  # an image-prompted encoder's ids and images
+        encoder_ids, extra["images"] = encoder_ids
     audio = encoder_ids.dtype.kind == "f"  # a speech model's waveforms
     key = "encoder_input_values" if audio else "encoder_token_ids"
     batch, start = prompts.shape
@@ -210,6 +214,7 @@ def keras_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, end
                 "encoder_padding_mask": encoder_mask.astype(bool),
                 "decoder_token_ids": decoder,
                 "decoder_padding_mask": mask,
+                **extra,
             },
             stop_token_ids=None if end is None else (end,),
         )
@@ -230,7 +235,9 @@ def protocol_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, 
     from keras import ops
 
     mask = ops.convert_to_tensor(encoder_mask.astype(bool))
-    inputs = encoder_ids if encoder_ids.dtype.kind == "f" else encoder_ids.astype("int32")
+    inputs = encoder_ids
+    if not isinstance(inputs, tuple) and inputs.dtype.kind != "f":
+        inputs = inputs.astype("int32")
     hidden, mask = seq2seq.encoder_outputs(seq2seq.protocol(model), inputs, mask)
     tokens = np.asarray(prompts, "int32")
     for _ in range(new_tokens):
@@ -259,7 +266,7 @@ def _keras_text(model, texts: list, max_length: int) -> list:
 
 
 def _proof_inputs(description: seq2seq.Seq2Seq, config: dict) -> tuple:
-    if description.audio:  # waveforms of the decoder check's lengths, padded
+    if description.masks_itself:  # waveforms of the decoder check's lengths, padded; images
         waves, mask = seq2seq._encoder_inputs(description, np.random.default_rng(0))
         return waves, mask.astype(bool)
     limit = config["max_encoder_length"] or max(ENCODER_LENGTHS)
@@ -321,13 +328,15 @@ def prove_folder(
     """
     ids, mask = _proof_inputs(description, config)
     start = special.start or (1,)
-    prompts = np.array([start] * len(ids), "int32")
+    prompts = np.array([start] * len(mask), "int32")
     new = NEW_TOKENS
     if config["max_decoder_length"] is not None:
         new = min(new, config["max_decoder_length"] - len(start))
     expected = keras_greedy(model, ids, mask, prompts, new, special.end)
     key = "encoder_input_values" if description.audio else "encoder_token_ids"
     feeds = {key: ids, "encoder_padding_mask": mask, "decoder_token_ids": prompts}
+    if description.image:
+        feeds[key], feeds["images"] = ids
     tokens = generate(staged, feeds, new, end_token_id=special.end)
     got = [_until_end(row[len(start) :], special.end) for row in tokens]
     result = {

@@ -84,13 +84,19 @@ class Settings:
     pad_token_id: int
     max_encoder_length: int | None  # None: no position table bounds it
     max_decoder_length: int | None
-    encoder_input: str = "ids"  # or "audio": the encoder reads waveforms
+    encoder_input: str = "ids"  # "audio": waveforms; "image": images and a prompt's ids
     audio_channels: int | None = None  # a waveform's last axis (None: (batch, samples))
+    image_shape: tuple | None = None  # (height, width, channels) of an image input
 
     @property
     def audio(self) -> bool:
         """Whether the encoder reads waveforms."""
         return self.encoder_input == "audio"
+
+    @property
+    def image(self) -> bool:
+        """Whether the encoder reads images beside the prompt's ids."""
+        return self.encoder_input == "image"
 
 
 def _count(config: dict, key: str, path: Path, none_allowed: bool, least: int = 0):
@@ -104,9 +110,26 @@ def _count(config: dict, key: str, path: Path, none_allowed: bool, least: int = 
 
 def _encoder_input(config: dict, path: Path) -> str:
     kind = config.get("encoder_input", "ids")
-    if kind not in ("ids", "audio"):
-        raise DecoderFileError(path, f'"encoder_input" is {_shown(kind)}, not "ids" or "audio"')
+    if kind not in ("ids", "audio", "image"):
+        raise DecoderFileError(
+            path, f'"encoder_input" is {_shown(kind)}, not "ids", "audio" or "image"; {_AGAIN}'
+        )
     return kind
+
+
+def _image_shape(config: dict, path: Path) -> tuple | None:
+    shape = config.get("image_shape")
+    if shape is None and config.get("encoder_input") != "image":
+        return None
+    if (
+        not isinstance(shape, list)
+        or len(shape) != 3
+        or not all(decoding._is_int(size) and size >= 1 for size in shape)
+    ):
+        raise DecoderFileError(
+            path, f'"image_shape" is {_shown(shape)}: not [height, width, channels]; {_AGAIN}'
+        )
+    return tuple(int(size) for size in shape)
 
 
 def read_settings(path: Path) -> Settings:
@@ -148,6 +171,7 @@ def read_settings(path: Path) -> Settings:
         max_decoder_length=_count(config, "max_decoder_length", path, True, 1),
         encoder_input=_encoder_input(config, path),
         audio_channels=_count(config, "audio_channels", path, True, 1),
+        image_shape=_image_shape(config, path),
     )
     ids = [*(settings.decoder_start_token_ids or ()), settings.end_token_id, settings.pad_token_id]
     outside = [token for token in ids if token is not None and token >= settings.vocabulary]
@@ -215,9 +239,9 @@ class Seq2SeqFolder:
         decoder_inputs = {value.name: value for value in self.decoder.get_inputs()}
         encoder_outputs = {value.name for value in self.encoder.get_outputs()}
         self.input_name = "input_values" if self.settings.audio else "input_ids"
-        wanted = {self.input_name, "attention_mask"} <= set(encoder_inputs) and set(
-            self.cross_names
-        ) <= encoder_outputs
+        self.mask_output = self.settings.encoder_input != "ids"
+        names = {self.input_name, "attention_mask", *(["images"] if self.settings.image else [])}
+        wanted = names <= set(encoder_inputs) and set(self.cross_names) <= encoder_outputs
         past = [f"past_key_values.{i}.decoder.{k}" for i in layers for k in ("key", "value")]
         if not wanted or not {"input_ids", "encoder_attention_mask", *past} <= set(decoder_inputs):
             raise DecoderFileError(
@@ -235,18 +259,22 @@ class Seq2SeqFolder:
 
         Args:
             token_ids: (batch, length) ids, or waveforms (batch, samples[,
-                channels]) for an audio encoder.
+                channels]) for an audio encoder, or `(ids, images)` for an
+                image-prompted one (images (batch, height, width, channels)).
             mask: booleans (batch, length), True on tokens (or samples).
 
         Returns:
             `(cross, mask)`: `2 * layers` arrays (batch, heads, length, head
             size), key first; the decoder's `encoder_attention_mask` (int32),
-            `mask` itself or, for an audio encoder, the one over its output
-            frames that the encoder's file returns.
+            `mask` itself or, for an audio or image-prompted encoder, the one
+            over its output that the encoder's file returns.
         """
+        feeds = {"attention_mask": mask.astype(np.int32)}
+        if self.settings.image:
+            token_ids, feeds["images"] = token_ids[0], token_ids[1].astype(np.float32)
         dtype = np.float32 if self.settings.audio else np.int32
-        feeds = {self.input_name: token_ids.astype(dtype), "attention_mask": mask.astype(np.int32)}
-        if not self.settings.audio:
+        feeds[self.input_name] = token_ids.astype(dtype)
+        if not self.mask_output:
             return self.encoder.run(self.cross_names, feeds), mask.astype(np.int32)
         *cross, frames = self.encoder.run([*self.cross_names, "encoder_attention_mask"], feeds)
         return cross, frames
@@ -364,6 +392,22 @@ def _check_waves(values, settings: Settings) -> np.ndarray:
     return waves.astype(np.float32)
 
 
+def _check_images(values, settings: Settings, rows: int) -> np.ndarray:
+    """Float images (batch, height, width, channels) of the folder's size, finite."""
+    images = decoding._array("images", values)
+    if images.dtype.kind not in "fiu":
+        raise decoding.ArgumentTypeError(f"images of dtype {images.dtype}: give float32 pixels")
+    if images.shape != (rows, *settings.image_shape):
+        raise ValueError(
+            f"images of shape {images.shape}: the folder's encoder reads "
+            f"{(rows, *settings.image_shape)}, one image a row of encoder_token_ids, "
+            "resized and rescaled as the model's image converter does"
+        )
+    if not np.isfinite(images).all():
+        raise ValueError("images holds a NaN or infinite value; give finite pixels")
+    return images.astype(np.float32)
+
+
 def _encoder_part(inputs, mask, settings: Settings) -> tuple:
     """The encoder's ids (or waveforms) and their mask, each checked."""
     encoder = _check_waves(inputs, settings) if settings.audio else decoding._check_ids(inputs)
@@ -374,26 +418,29 @@ def _from_dict(inputs: dict, settings: Settings) -> tuple:
     """keras-hub's dict of ids (a speech model's waveforms under
     `encoder_input_values`), each part checked."""
     first = "encoder_input_values" if settings.audio else "encoder_token_ids"
-    keys = (first, *DICT_KEYS[1:])
+    keys = (first, *DICT_KEYS[1:], *(["images"] if settings.image else []))
+    needed = [first, *(["images"] if settings.image else [])]
     unknown = sorted(set(inputs) - set(keys), key=str)
-    if unknown or first not in inputs:
+    if unknown or not all(key in inputs for key in needed):
         raise ValueError(
             f"token_ids: a dict of keys {sorted(inputs, key=str)}; give keras-hub's "
-            f"{', '.join(keys)} ({first} at least)"
+            f"{', '.join(keys)} ({' and '.join(needed)} at least)"
         )
     encoder, mask = _encoder_part(inputs[first], inputs.get("encoder_padding_mask"), settings)
+    if settings.image:
+        encoder = (encoder, _check_images(inputs["images"], settings, len(encoder)))
     if "decoder_token_ids" in inputs:
         decoder = decoding._check_ids(inputs["decoder_token_ids"])
-        if decoder.shape[0] != encoder.shape[0]:
+        if decoder.shape[0] != len(mask):
             raise ValueError(
                 f"decoder_token_ids of shape {decoder.shape}: {first} has "
-                f"{encoder.shape[0]} rows; give one decoder prompt a row"
+                f"{len(mask)} rows; give one decoder prompt a row"
             )
         decoder_mask = decoding._check_mask(inputs.get("decoder_padding_mask"), decoder.shape)
         return encoder, mask, decoder, decoder_mask
     if "decoder_padding_mask" in inputs:
         raise ValueError("decoder_padding_mask without decoder_token_ids: give both, or neither")
-    return (encoder, mask, *_start_prompts(settings, encoder.shape[0]))
+    return (encoder, mask, *_start_prompts(settings, len(mask)))
 
 
 def _start_prompts(settings: Settings, batch: int) -> tuple:
@@ -449,6 +496,11 @@ def generate(folder, token_ids, max_new_tokens, padding_mask, end_token_id, pad_
             f"token_ids={_shown(token_ids)}: the folder's encoder reads waveforms, not text; "
             "give float samples (batch, samples) or keras-hub's dict with encoder_input_values"
         )
+    if settings.image and not isinstance(token_ids, dict):
+        raise ValueError(
+            f"token_ids={_shown(token_ids)}: the folder's encoder reads images with the "
+            "prompt's ids; give keras-hub's dict with images and encoder_token_ids"
+        )
     if text:
         encoder, mask, tokenizer = _encoded(model, token_ids)
         decoder, decoder_mask = _start_prompts(settings, encoder.shape[0])
@@ -458,8 +510,9 @@ def generate(folder, token_ids, max_new_tokens, padding_mask, end_token_id, pad_
         encoder, mask = _encoder_part(token_ids, padding_mask, settings)
         decoder, decoder_mask = _start_prompts(settings, encoder.shape[0])
     if not settings.audio:
-        _check_within("encoder_token_ids", encoder, mask, settings.vocabulary)
-        _check_length("the encoder's input", encoder.shape[1], settings.max_encoder_length)
+        ids = encoder[0] if settings.image else encoder
+        _check_within("encoder_token_ids", ids, mask, settings.vocabulary)
+        _check_length("the encoder's input", ids.shape[1], settings.max_encoder_length)
     _check_within("decoder_token_ids", decoder, decoder_mask, settings.vocabulary)
     total = int(decoder_mask.sum(axis=1).max()) + int(max_new_tokens)
     named = f"the decoder's prompt and max_new_tokens={max_new_tokens}"
@@ -476,7 +529,10 @@ def generate(folder, token_ids, max_new_tokens, padding_mask, end_token_id, pad_
 
 def _run(model, encoder, mask, decoder, decoder_mask, max_new_tokens, pick, end, pad):
     mask = mask.astype(bool)
-    encoder = np.where(mask if encoder.ndim == 2 else mask[..., None], encoder, 0)
+    if isinstance(encoder, tuple):  # the prompt's ids and their images
+        encoder = (np.where(mask, encoder[0], 0), encoder[1])
+    else:
+        encoder = np.where(mask if encoder.ndim == 2 else mask[..., None], encoder, 0)
     step = model.stepper(*model.encode(encoder, mask))
     return decoding.lockstep(
         step, model.ids_dtype, decoder, decoder_mask, max_new_tokens, pick, end, pad

@@ -11,29 +11,29 @@ are held to keras-hub's own `generate_step` on waveforms of three lengths in
 one padded batch.
 """
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
-from keras_layers.export import Seq2SeqFolder, export_model, generate, seq2seq
+from keras_layers.export import Seq2SeqFolder, generate
 from keras_layers.export.seq2seq_folder import keras_greedy
-from keras_layers.export.validating import DEFAULT_ATOL, DEFAULT_RTOL
-from tests import zoo_vision
+from tests import seq2seq_media
 
 pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
 
 
 @pytest.fixture(scope="module")
-def moonshine():
-    return zoo_vision.build("MoonshineAudioToText")
+def exported(tmp_path_factory):
+    return seq2seq_media.exported("MoonshineAudioToText", tmp_path_factory.mktemp("speech"))
 
 
 @pytest.fixture(scope="module")
-def folder(moonshine, tmp_path_factory):
-    path = tmp_path_factory.mktemp("moonshine") / "moonshine"
-    report = export_model(moonshine, f"{path}/", task="seq2seq-lm")
-    return path, report
+def moonshine(exported):
+    return exported[0]
+
+
+@pytest.fixture(scope="module")
+def folder(exported):
+    return exported[1:]
 
 
 def _waves(lengths=(3000, 1900), seed=3):
@@ -72,17 +72,9 @@ def test_generate_on_waveforms_gives_keras_hubs_greedy_tokens(moonshine, folder)
 def test_the_decoder_check_fails_a_folder_fed_the_samples_mask(moonshine, folder):
     """The composed check with the encoder file's frames mask passes; with
     every frame marked valid (the padded rows' silence attended to) it fails."""
-    path, _ = folder
-    reference = seq2seq.decoder_references(moonshine, seq2seq.describe(moonshine))
-    cross, frames = Seq2SeqFolder(path).encode(
-        reference.encoder_ids, reference.encoder_input_mask == 1
-    )
-    fed = replace(reference, cross=cross, encoder_mask=frames)
-    decoder = path / "decoder_with_past_model.onnx"
-    assert seq2seq.validate_decoder(fed, decoder, DEFAULT_ATOL, DEFAULT_RTOL).passed
+    passed, unmasked, frames = seq2seq_media.unmasked_check(moonshine, folder[0])
+    assert passed and not unmasked
     assert frames.sum(axis=1).min() < frames.shape[1]  # the batch pads frames
-    unmasked = replace(fed, encoder_mask=np.ones_like(frames))
-    assert not seq2seq.validate_decoder(unmasked, decoder, DEFAULT_ATOL, DEFAULT_RTOL).passed
 
 
 @pytest.mark.parametrize(
