@@ -16,7 +16,11 @@ from keras_layers.export import Seq2SeqFolder, generate
 from keras_layers.export.seq2seq_folder import keras_greedy
 from tests import seq2seq_media
 
-pytestmark = pytest.mark.tensorflow_only  # the export pipeline runs on TensorFlow
+pytestmark = [
+    pytest.mark.tensorflow_only,  # the export pipeline runs on TensorFlow
+    pytest.mark.zoo,  # a zoo model's folder (half a minute): the zoo tier runs it
+    pytest.mark.xdist_group("seq2seq_image"),  # module fixtures: one worker (loadgroup)
+]
 
 
 @pytest.fixture(scope="module")

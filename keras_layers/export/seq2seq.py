@@ -152,9 +152,28 @@ class Adapter:
         self.model = model
 
     def call_encoder_with_mask(self, inputs, padding_mask):
+        """The encoder's output and the mask its decoder reads.
+
+        Args:
+            inputs: what the model's encoder reads (ids, a waveform, or
+                `(ids, images)`).
+            padding_mask: True on its tokens (or samples).
+
+        Returns:
+            `(hidden, mask)`, the mask (batch, encoder output length).
+        """
         return tuple(self.model.call_encoder(inputs, padding_mask))
 
     def call_encoder(self, inputs, padding_mask):
+        """The protocol's `call_encoder`: `call_encoder_with_mask`'s output alone.
+
+        Args:
+            inputs: what the model's encoder reads.
+            padding_mask: True on its tokens (or samples).
+
+        Returns:
+            The encoder's output (batch, length, hidden).
+        """
         return self.call_encoder_with_mask(inputs, padding_mask)[0]
 
     def call_decoder_with_cache(
@@ -167,6 +186,22 @@ class Adapter:
         cross_attention_cache=None,
         cross_attention_cache_update_index=None,
     ):
+        """The protocol's cached decoder call (`seq2seq`'s docstring).
+
+        Args:
+            encoder_hidden_states: the encoder's output.
+            encoder_padding_mask: the mask the decoder reads over it.
+            decoder_token_ids: the new tokens (batch, n).
+            self_attention_cache: (batch, layers, 2, length, heads, head size).
+            self_attention_cache_update_index: where the new tokens go.
+            cross_attention_cache: the encoder's keys and values, read when
+                `cross_attention_cache_update_index` is None.
+            cross_attention_cache_update_index: 0 to compute them from
+                `encoder_hidden_states`.
+
+        Returns:
+            `(logits, hidden_states, self_attention_cache, cross_attention_cache)`.
+        """
         index = self_attention_cache_update_index
         return self._decode(
             encoder_hidden_states,
@@ -301,6 +336,16 @@ class ImagePromptCalls(Adapter):
     encoder_input = "image"
 
     def call_encoder_with_mask(self, inputs, padding_mask):
+        """BLIP-2's encoder on images and a prompt.
+
+        Args:
+            inputs: `(token_ids, images)`.
+            padding_mask: True (or 1) on the prompt's tokens.
+
+        Returns:
+            `(hidden, mask)`: the queries and the prompt, and their mask
+            (batch, queries + prompt length).
+        """
         from keras import ops
 
         token_ids, images = inputs

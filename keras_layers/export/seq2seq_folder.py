@@ -229,8 +229,17 @@ def protocol_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, 
     token so far from fresh caches (index 0), and the last position's
     argmax is appended. The folder's cached steps must give the same tokens.
 
-    Args and returns: `keras_greedy`'s; `model` needs only the protocol
-    (`call_encoder`, `call_decoder_with_cache`, `_initialize_cache`).
+    Args:
+        model: the encoder-decoder (`call_encoder`, `call_decoder_with_cache`,
+            `_initialize_cache`, or a form `seq2seq.protocol` adapts).
+        encoder_ids: what the encoder reads (`keras_greedy`'s).
+        encoder_mask: booleans (batch, length).
+        prompts: the decoder's start tokens (batch, n).
+        new_tokens: tokens each row gains.
+        end: the end id, or None.
+
+    Returns:
+        Each row's tokens after its prompt, up to its end token included.
     """
     from keras import ops
 
