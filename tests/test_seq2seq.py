@@ -152,3 +152,21 @@ def test_the_decoder_check_fails_a_cross_attention_weight_scaled_by_1_01(tmp_pat
     mutant = tmp_path / "mutant.onnx"
     assert pipeline.export_model(model, mutant, task="seq2seq-decoder")["passed"]
     assert not seq2seq.validate_decoder(reference, mutant, DEFAULT_ATOL, DEFAULT_RTOL).passed
+
+
+def test_the_decoder_check_fails_a_relative_position_bias_one_bucket_off(tmp_path):
+    """T5's decoder reads its self-attention bias by the bucket of each
+    query-key distance, which the file computes from the past's length.
+    Each bucket given its neighbour's bias (the table rolled by one row, as a
+    file that counts positions one off would read it) must fail against the
+    original model's cached calls; the unmutated file passes."""
+    model = _seq2seq("t5")
+    reference = seq2seq.decoder_references(model, seq2seq.describe(model))
+    table = model.backbone.decoder_transformer_layers[0].self_attention.relative_attention_bias
+    original = tmp_path / "original.onnx"
+    assert pipeline.export_model(model, original, task="seq2seq-decoder")["passed"]
+    assert seq2seq.validate_decoder(reference, original, DEFAULT_ATOL, DEFAULT_RTOL).passed
+    table.assign(np.roll(np.asarray(table), -1, axis=0))
+    mutant = tmp_path / "mutant.onnx"
+    assert pipeline.export_model(model, mutant, task="seq2seq-decoder")["passed"]
+    assert not seq2seq.validate_decoder(reference, mutant, DEFAULT_ATOL, DEFAULT_RTOL).passed
