@@ -466,6 +466,9 @@ def seq2seq_speed_table(report: dict) -> str:
                 f"{row['speedup']:.2f}x",
                 bound,
                 "yes" if row["same_tokens"] else "no",
+                f"{row['ours_int8']['ms']:,.0f}",
+                f"{row['ours_int8']['speedup']:.2f}x",
+                f"{row['ours_int8']['rows_equal_to_keras_hub']}/{row['batch']}",
             ]
         )
     header = [
@@ -477,8 +480,11 @@ def seq2seq_speed_table(report: dict) -> str:
         "keras-hub / ours (target >= 3x)",
         "bound at float32",
         "same tokens",
+        "int8 folder ms",
+        "keras-hub / int8",
+        "int8 rows = keras-hub's",
     ]
-    return markdown_table(header, [False] + [True] * 6 + [False], rows)
+    return markdown_table(header, [False] + [True] * 6 + [False] + [True] * 3, rows)
 
 
 # --- real_models.json -------------------------------------------------------------

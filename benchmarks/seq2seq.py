@@ -15,6 +15,9 @@ interleaved rounds time:
   folder's two sessions opened once before the rounds, as the compiled
   function below is built once (`ours_opening`: the same call given the
   folder's path, which opens both sessions each time, about half a second);
+- `ours_int8`: the same on the folder's `int8/` (`quantize="int8"`: both
+  files' weights in `MatMulNBits`, gated against Keras), with how many rows
+  give keras-hub's tokens exactly;
 - `keras_hub`: the model's own `generate_step` with a greedy sampler, compiled
   by `make_generate_function` (XLA, as `generate` runs it), after one warm-up
   call.
@@ -148,17 +151,18 @@ def main(argv=None) -> dict:
     import numpy as np
 
     from benchmarks.results_io import run_header, save_json
-    from keras_layers.export import Seq2SeqFolder, export_model, generate
+    from keras_layers.export import ExportOptions, Seq2SeqFolder, export_model, generate
 
     model = build(args.quick)
     length, new = (8, 8) if args.quick else (64, 64)
     rows = []
     with tempfile.TemporaryDirectory(prefix="seq2seq_") as folder:
         start = time.perf_counter()
-        report = export_model(model, f"{folder}/bart/", task="seq2seq-lm")
+        settings = ExportOptions(quantize="int8")  # the float folder, and int8/ in it
+        report = export_model(model, f"{folder}/bart/", settings, task="seq2seq-lm")
         seconds = time.perf_counter() - start
         path = Path(folder) / "bart"
-        opened = Seq2SeqFolder(path)
+        opened, int8 = Seq2SeqFolder(path), Seq2SeqFolder(path / "int8")
         rng = np.random.default_rng(0)
         for batch in (1, 8):
             ids = rng.integers(3, SIZES["quick" if args.quick else "full"]["vocabulary_size"],
@@ -167,12 +171,15 @@ def main(argv=None) -> dict:
             feeds = {"encoder_token_ids": ids, "encoder_padding_mask": mask,
                      "decoder_token_ids": np.array([START] * batch)}  # fmt: skip
             keras_run = _keras_side(model, ids, mask, new)
-            ours_ms, keras_ms, opening_ms = [], [], []
+            ours_ms, keras_ms, opening_ms, int8_ms = [], [], [], []
             same = None
             for _ in range(args.rounds):
                 t = time.perf_counter()
                 tokens = generate(opened, feeds, new, end_token_id=None)
                 ours_ms.append((time.perf_counter() - t) * 1e3)
+                t = time.perf_counter()
+                int8_tokens = generate(int8, feeds, new, end_token_id=None)
+                int8_ms.append((time.perf_counter() - t) * 1e3)
                 t = time.perf_counter()
                 generate(path, feeds, new, end_token_id=None)
                 opening_ms.append((time.perf_counter() - t) * 1e3)
@@ -189,6 +196,11 @@ def main(argv=None) -> dict:
                 "ours": {"ms": round(ours, 1)},
                 "keras_hub": {"ms": round(keras, 1)},
                 "ours_opening": {"ms": round(statistics.median(opening_ms), 1)},
+                "ours_int8": {
+                    "ms": round(statistics.median(int8_ms), 1),
+                    "speedup": round(keras / statistics.median(int8_ms), 2),
+                    "rows_equal_to_keras_hub": int((int8_tokens == expected).all(axis=1).sum()),
+                },
                 "speedup": round(keras / ours, 2),
                 "same_tokens": same,
             })  # fmt: skip
@@ -200,14 +212,22 @@ def main(argv=None) -> dict:
         "rounds": args.rounds,
         "export": {"passed": report["passed"], "seconds": round(seconds, 1)},
         "fused": {name: report[name]["graph"]["fused"] for name in ("encoder", "decoder")},
+        "int8_gate": {
+            key: report["quantized"]["int8"][key]
+            for key in ("greedy_agreement", "mean_abs_log_prob_change", "file_bytes", "passed")
+        },
         "rows": rows,
         "floor": bandwidth_floor,
     }
-    print(f"{'model':<12}{'batch':>6}{'ours ms':>10}{'keras-hub ms':>14}{'speedup':>9}{'same':>6}")
+    print(
+        f"{'model':<12}{'batch':>6}{'ours ms':>10}{'int8 ms':>10}{'keras-hub ms':>14}"
+        f"{'speedup':>9}{'int8':>7}{'same':>6}"
+    )
     for row in rows:
         print(
             f"{row['model']:<12}{row['batch']:>6}{row['ours']['ms']:>10}"
-            f"{row['keras_hub']['ms']:>14}{row['speedup']:>9}{row['same_tokens']!s:>6}"
+            f"{row['ours_int8']['ms']:>10}{row['keras_hub']['ms']:>14}{row['speedup']:>9}"
+            f"{row['ours_int8']['speedup']:>7}{row['same_tokens']!s:>6}"
         )
     print(
         f"batch-1 floor: {bandwidth_floor['decoder_weights_mb']} MB of decoder weights a token "

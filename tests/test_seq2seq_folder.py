@@ -189,6 +189,39 @@ def test_a_model_without_its_preprocessor_generates_from_ids(tmp_path):
     assert generate(tmp_path / "t5", feeds, 3).shape == (1, 4)
 
 
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_quantized_folder_is_written_beside_the_float_one_and_gated(tmp_path, kind):
+    """`quantize` adds FOLDER/<kind>/: both files' weights in `MatMulNBits`,
+    the config and tokenizer copied, judged by greedy agreement and the log
+    probability change against Keras; it generates like any folder."""
+    import onnx
+
+    model = seq2seq_lm("bart", with_preprocessor=True)
+    report = export_model(model, f"{tmp_path}/bart/", ExportOptions(quantize=kind),
+                          task="seq2seq-lm")  # fmt: skip
+    gate = report["quantized"][kind]
+    assert report["passed"] and gate["passed"] and gate["failure"] == ""
+    assert gate["greedy_agreement"] >= 0.5 and gate["mean_abs_log_prob_change"] <= 0.25
+    sub = tmp_path / "bart" / kind
+    for name in (ENCODER_FILE, DECODER_FILE):
+        ops = {node.op_type for node in onnx.load(str(sub / name)).graph.node}
+        assert "MatMulNBits" in ops
+    assert {CONFIG_FILE, "tokenizer.json"} <= {path.name for path in sub.iterdir()}
+    assert isinstance(generate(sub, "a short text", 3), str)
+
+
+def test_a_quantized_folder_that_fails_its_gate_places_nothing(tmp_path):
+    """A gate no quantized file can pass (no log-probability change at all):
+    ValidationFailed naming the measure, nothing placed, the refused folder
+    kept beside FOLDER for a look."""
+    model = seq2seq_lm("bart", with_preprocessor=False)
+    options = ExportOptions(quantize="int8", decoder_max_nll_change=0.0)
+    with pytest.raises(ValidationFailed, match=r"int8 folder fails its gate: mean \|log p"):
+        export_model(model, f"{tmp_path}/bart/", options, task="seq2seq-lm")
+    assert not (tmp_path / "bart").exists()
+    assert (tmp_path / "bart.int8.failed" / CONFIG_FILE).is_file()
+
+
 # --- bad input -------------------------------------------------------------------
 
 
@@ -202,7 +235,6 @@ def test_a_decoder_only_model_is_refused_naming_causal_lm(tmp_path):
     ("output", "options", "message"),
     [
         ("bart.onnx", ExportOptions(), "writes a folder.*FOLDER/"),
-        ("bart/", ExportOptions(quantize="int8"), "quantize='int8'.*not taken by --task seq2seq"),
         ("bart/", ExportOptions(shapes=[(1, 3)]), "shapes=.*not taken by --task seq2seq"),
         ("bart/", ExportOptions(sampler="top_k"), "only with task='causal-lm'"),
     ],
@@ -274,6 +306,23 @@ def test_the_command_line_refuses_a_file_output_for_seq2seq(tmp_path):
                             text=True)  # fmt: skip
     assert result.returncode == 2
     assert "--task seq2seq-lm writes a folder" in result.stderr + result.stdout
+
+
+def test_the_command_line_names_a_failed_quantized_gate_with_exit_1(tmp_path, capsys):
+    """The folder's report is no file's: the command says why and exits 1
+    (it used to fail rendering the report, a KeyError)."""
+    from keras_layers.export import cli
+
+    model = seq2seq_lm("bart", with_preprocessor=False)
+    path = tmp_path / "bart.keras"
+    model.save(path)
+    argv = [str(path), "--task", "seq2seq-lm", "--quantize", "int8", "-o", f"{tmp_path}/out/"]
+    argv += ["--decoder-max-nll-change", "0"]
+    assert cli.main(argv) == 1
+    said = capsys.readouterr()
+    assert "the int8 folder fails its gate" in said.err + said.out
+    assert "Traceback" not in said.err + said.out
+    assert not (tmp_path / "out").exists()
 
 
 def test_seq2seq_lm_is_a_task_of_the_command_line_and_its_decoder_is_not():

@@ -839,7 +839,8 @@ def main(argv=None, prog: str | None = None, demo_dir: Path | None = None) -> in
             err.print("[yellow]warning:[/] loaded with --unsafe (Lambda code allowed)")
         return EXIT_OK
     except ExportError as error:
-        if getattr(error, "report", None) and not args.quiet:
+        folder_report = getattr(error, "report", None) and error.report.get("task") == "seq2seq-lm"
+        if getattr(error, "report", None) and not args.quiet and not folder_report:
             render = render_tokenizer if "tokenizer" in error.report else render_report
             render = render_streamed if "streamed" in error.report else render
             render(error.report, console)

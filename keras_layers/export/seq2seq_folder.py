@@ -17,16 +17,20 @@ export and nothing is placed (`folder_placement`: FOLDER shows the last
 export or this one, never a mix).
 """
 
+import json
+import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from keras_layers.export import folder_placement, inputs, loading, pipeline, placement, seq2seq
+from keras_layers.export.decoder_gate import agreement
 from keras_layers.export.errors import ExportError, UsageError, ValidationFailed, argument
-from keras_layers.export.genai_folder import is_folder
+from keras_layers.export.genai_folder import _keep_failed, is_folder
 from keras_layers.export.generation import generate
 from keras_layers.export.options import ExportOptions
+from keras_layers.export.quantizing import quantize_weights, summary
 from keras_layers.export.seq2seq_generation import (
     CONFIG_FILE,
     DECODER_FILE,
@@ -49,7 +53,6 @@ PROOF_TEXTS = (
 # Options a seq2seq folder does not take (yet), and why.
 _REFUSED = {
     "shapes": "the encoder is checked on the forward grid and the decoder by decode steps",
-    "quantize": "int8 and int4 seq2seq folders are not built yet",
     "report_path": f"the report is FOLDER/{REPORT_FILE}",
     "preprocessor": "the folder holds the tokenizer of a model saved with its preprocessor",
     "parts": "the folder already holds one file per part (encoder, decoder)",
@@ -351,6 +354,8 @@ def prove_folder(
     result = {
         "composed": composed(model, staged, description, options),
         "ids": {
+            "start": list(start),
+            "end": special.end,
             "encoder_lengths": [int(n) for n in mask.sum(axis=1)],
             "new_tokens": new,
             "keras": expected,
@@ -462,11 +467,13 @@ def export_folder(model, folder, options: ExportOptions, *, progress=None) -> di
     preprocessor = getattr(model, "preprocessor", None)
     tokenizer_files = list(TOKENIZER_FILES) if preprocessor is not None else []
     files = [ENCODER_FILE, DECODER_FILE, CONFIG_FILE, REPORT_FILE, *tokenizer_files]
-    folder_placement.check_names(folder, files, [])
+    kind = options.quantize
+    folder_placement.check_names(folder, files, [kind] if kind else [])
     nothing = f"Nothing was placed: {folder} is as it was."
     report = {"task": "seq2seq-lm", "folder": str(folder)}
     with folder_placement.staging(folder) as staging:
-        report.update(_export_files(model, description, staging, folder, options, progress))
+        floats = replace(options, quantize=None)  # each file is proved in float32 first
+        report.update(_export_files(model, description, staging, folder, floats, progress))
         if preprocessor is not None:
             report["tokenizer"] = export_tokenizer(preprocessor, staging).report()
         placement.write_json(config, staging / CONFIG_FILE)
@@ -478,6 +485,115 @@ def export_folder(model, folder, options: ExportOptions, *, progress=None) -> di
         if not proof["passed"]:
             reason = _failure(proof)
             raise ValidationFailed(f"{reason}. {nothing}", report, reason)
+        if kind:
+            gate = quantized_folder(model, staging, description, proof, options)
+            report["quantized"] = {kind: gate}
+            if not gate["passed"]:
+                report["passed"] = False
+                where = _keep_failed(staging / kind, folder)
+                raise ValidationFailed(
+                    f"the {kind} folder fails its gate: {gate['failure']}. {nothing} The {kind} "
+                    f"folder was {where}",
+                    report,
+                    gate["failure"],
+                )
         placement.write_json(report, staging / REPORT_FILE)
         folder_placement.place_folder(staging, folder)
     return report
+
+
+def _log_probs(logits: np.ndarray, following: np.ndarray) -> np.ndarray:
+    """log p of each next token (batch, n) under logits (batch, n, vocabulary)."""
+    logits = logits.astype(np.float64)
+    top = logits.max(axis=-1, keepdims=True)
+    norm = top[..., 0] + np.log(np.exp(logits - top).sum(axis=-1))
+    picked = np.take_along_axis(logits, following[..., None], axis=-1)[..., 0]
+    return picked - norm
+
+
+def _teacher_forced(reference, step) -> np.ndarray:
+    """Each fed token's log-probability after the tokens before it, from
+    `step`'s logits over the reference's calls (Keras' when `step` is None)."""
+    calls = reference.tokens
+    pairs = zip(calls[:-1], calls[1:], strict=True)
+    following = [np.concatenate([fed[:, 1:], after[:, :1]], axis=1) for fed, after in pairs]
+    found = []
+    for index, tokens in enumerate(calls[:-1]):
+        logits = reference.logits[index] if step is None else step(tokens)
+        found.append(_log_probs(logits, following[index]))
+    return np.concatenate(found, axis=1)
+
+
+def quantized_folder(model, staging: Path, description, proof: dict, options) -> dict:
+    """`staging/<kind>/`: both files' weights quantized (`MatMulNBits`,
+    `quantizing.quantize_weights`) beside copies of the config and the
+    tokenizer, judged by `decoder_gate`'s measures against Keras: greedy
+    agreement on the proof's inputs (keras-hub's tokens, `prove_folder`),
+    and the mean |log p change| of the teacher-forced tokens of the
+    decoder's check (`seq2seq.decoder_references`: Keras' logits, the
+    quantized encoder's keys and values fed to the quantized decoder).
+
+    Args:
+        model: the encoder-decoder.
+        staging: the staged float32 folder, proved.
+        description: its sizes.
+        proof: `prove_folder`'s result (its ids part holds Keras' tokens).
+        options: `quantize`, the gate's thresholds and accuracy level.
+
+    Returns:
+        `{"bits", "block_size", "accuracy_level", "quantized", "passed",
+        "greedy_agreement", "per_row", "mean_abs_log_prob_change",
+        "thresholds", "failure", "file_bytes"}`.
+    """
+    kind = options.quantize
+    sub = staging / kind
+    sub.mkdir()
+    counts = 0
+    for name in (ENCODER_FILE, DECODER_FILE):
+        part = quantize_weights(staging / name, sub / name, kind, options.decoder_accuracy_level)
+        counts += part["quantized"]
+    for path in staging.iterdir():
+        if path.is_file() and path.suffix == ".json" and path.name != REPORT_FILE:
+            shutil.copy2(path, sub / path.name)
+    for name in TOKENIZER_FILES:
+        if (staging / name).is_file():
+            shutil.copy2(staging / name, sub / name)
+    ids = proof["ids"]
+    inputs, mask = _proof_inputs(description, json.loads((sub / CONFIG_FILE).read_text()))
+    start = proof["ids"]["start"]
+    prompts = np.array([start] * len(mask), "int32")
+    key = "encoder_input_values" if description.audio else "encoder_token_ids"
+    feeds = {key: inputs, "encoder_padding_mask": mask, "decoder_token_ids": prompts}
+    if description.image:
+        feeds[key], feeds["images"] = inputs
+    end = proof["ids"]["end"]
+    tokens = generate(sub, feeds, ids["new_tokens"], end_token_id=end)
+    rows = [
+        agreement([*start, *_until_end(row[len(start) :], end)], [*start, *keras], len(start))
+        for row, keras in zip(tokens.tolist(), ids["keras"], strict=True)
+    ]
+    reference = seq2seq.decoder_references(model, description)
+    opened = Seq2SeqFolder(sub)
+    step = opened.stepper(*opened.encode(reference.encoder_ids, reference.encoder_input_mask == 1))
+    moved = _teacher_forced(reference, step) - _teacher_forced(reference, None)
+    change = float(np.abs(moved).mean())
+    share = float(np.mean(rows))
+    failure = ""
+    if share < options.decoder_min_agreement:
+        failure = f"greedy agreement {share:.3f} < {options.decoder_min_agreement}"
+    elif change > options.decoder_max_nll_change:
+        failure = f"mean |log p change| {change:.4f} nats/token > {options.decoder_max_nll_change}"
+    size = sum(path.stat().st_size for path in sub.iterdir() if path.suffix != ".json")
+    return {
+        **summary(kind, options.decoder_accuracy_level, counts),
+        "passed": not failure,
+        "greedy_agreement": share,
+        "per_row": rows,
+        "mean_abs_log_prob_change": change,
+        "thresholds": {
+            "min_agreement": options.decoder_min_agreement,
+            "max_nll_change": options.decoder_max_nll_change,
+        },
+        "failure": failure,
+        "file_bytes": size,
+    }
