@@ -308,6 +308,32 @@ def test_the_command_line_refuses_a_file_output_for_seq2seq(tmp_path):
     assert "--task seq2seq-lm writes a folder" in result.stderr + result.stdout
 
 
+def test_the_command_line_exports_a_quantized_folder_and_says_what_it_proved(tmp_path, capsys):
+    """A seq2seq report is no file's: the command prints the files' checks,
+    the folder's proof and the gate (it used to end in exit 3, a KeyError).
+    `--decoder-accuracy-level 1` reaches the quantized files only (the float
+    files are proved at the default)."""
+    from keras_layers.export import cli
+
+    model = seq2seq_lm("bart", with_preprocessor=False)
+    path = tmp_path / "bart.keras"
+    model.save(path)
+    argv = [str(path), "--task", "seq2seq-lm", "--quantize", "int8", "-o", f"{tmp_path}/out/"]
+    assert cli.main([*argv, "--decoder-accuracy-level", "1"]) == 0
+    said = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
+    assert "greedy tokens = keras-hub's on 3 padded rows" in said
+    assert "int8" in said and "greedy agreement" in said and "passed" in said
+    assert (tmp_path / "out" / "int8" / DECODER_FILE).is_file()
+
+
+def test_special_ids_outside_the_vocabulary_are_refused_by_name():
+    special = folder_module.Special((1,), 99, 0)
+    with pytest.raises(UsageError, match="str's end_token_id holds 99: outside the vocabulary"):
+        folder_module._check_special("model", special, 50)
+    folder_module._check_special("model", folder_module.Special((1,), 49, 0), 50)
+
+
+@pytest.mark.slow
 def test_the_command_line_names_a_failed_quantized_gate_with_exit_1(tmp_path, capsys):
     """The folder's report is no file's: the command says why and exits 1
     (it used to fail rendering the report, a KeyError)."""

@@ -87,7 +87,8 @@ def test_the_decoder_check_fails_a_folder_fed_the_samples_mask(moonshine, folder
         ("hello", "reads waveforms, not text"),
         (np.ones((1, 800), "int32"), "the folder's encoder reads waveforms; give float32"),
         (np.ones((1, 800, 2), "float32"), r"of shape \(1, 800, 2\).*\(batch, samples, 1\)"),
-        (np.full((1, 800), np.nan, "float32"), r"token_ids\[0\] holds a NaN"),
+        (np.full((1, 900), np.nan, "float32"), r"token_ids\[0\] holds a NaN"),
+        (np.zeros((1, 300), "float32"), r"token_ids\[0\] holds 300 samples.*fewer than"),
         ({"encoder_token_ids": np.ones((1, 3), "int32")}, "encoder_input_values at least"),
     ],
 )

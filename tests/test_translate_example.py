@@ -104,6 +104,7 @@ def test_a_plain_models_special_ids_are_read_and_default_to_none():
     assert read == seq2seq_folder.Special((4, 1), 3, 5)
 
 
+@pytest.mark.slow  # twenty seconds; the published run below is slow too
 def test_the_example_translates_in_onnx_runtime_with_keras_tokens(example, tmp_path, capsys):
     """A short run of the script (40 steps, one layer): exit 0 says ONNX
     Runtime gave the tutorial loop's tokens on every held-out sentence."""

@@ -272,7 +272,9 @@ def _add_conversion(p: argparse.ArgumentParser) -> None:
         "docs/generation.md), checked by decode steps and greedy generation against "
         "Keras; with -o FOLDER/, a model saved with its preprocessor gets its tokenizer "
         "written, one without needs --end-token-id (and --context-length for rotary "
-        "positions); seq2seq-lm: an encoder-decoder (a keras-hub Seq2SeqLM: BART, T5) as "
+        "positions); seq2seq-lm: an encoder-decoder (every keras-hub Seq2SeqLM but EdRec: "
+        "BART, T5, T5Gemma, Moonshine's speech, BLIP-2's images; or call_encoder and "
+        "call_decoder_with_cache of your own) as "
         "-o FOLDER/ with the encoder's file, the decoder's with its caches, the config and "
         "the tokenizer, proved by greedy generation against keras-hub's",
     )
@@ -305,7 +307,8 @@ def _add_quantization(p: argparse.ArgumentParser) -> None:
         "--quantize",
         choices=QUANTIZE_CHOICES,
         help="also write OUT.int8.onnx (dynamic int8), judged by top-1 agreement; with "
-        "--task causal-lm -o FOLDER/, FOLDER/int8/ or FOLDER/int4/ (weight-only MatMulNBits, "
+        "--task causal-lm or seq2seq-lm -o FOLDER/, FOLDER/int8/ or FOLDER/int4/ (weight-only "
+        "MatMulNBits, "
         "blocks of 32), judged by greedy agreement and log-likelihood change",
     )
     p.add_argument(
@@ -748,6 +751,35 @@ def _folder_line(folder: dict) -> str:
     )
 
 
+def _print_seq2seq(report: dict, seconds: float, console) -> None:
+    """An encoder-decoder folder: each file's checks, the folder's proof, the
+    quantized folder's gate (rich markup)."""
+    from rich.markup import escape
+
+    for name in ("encoder", "decoder"):
+        part = report[name]
+        console.print(
+            f"[green]{name}[/]: {escape(part['onnx_path'])} matches Keras on "
+            f"{len(part['checks'])} checks"
+        )
+    proof = report["generation"]
+    rows = len(proof["ids"]["keras"])
+    said = f"greedy tokens = keras-hub's on {rows} padded rows"
+    if "text" in proof:
+        said += f" and on {len(proof['text']['inputs'])} texts"
+    console.print(f"[green]folder[/]: the files together match Keras' cached calls; {said}")
+    for kind, gate in report.get("quantized", {}).items():
+        console.print(
+            f"[green]{kind}[/]: {escape(report['folder'])}/{kind}/ greedy agreement "
+            f"{gate['greedy_agreement']:.3f}, mean |log p change| "
+            f"{gate['mean_abs_log_prob_change']:.4f} nats"
+        )
+    console.print(
+        f"[green]passed[/]: {escape(report['folder'])} ({seconds:.1f} s). "
+        f"Report: {escape(report['report_path'])}"
+    )
+
+
 def _print_passed(report: dict, seconds: float, verbose: bool, console) -> None:
     """The checks' table, the files written and (verbose) the fusions declined."""
     from rich.markup import escape
@@ -759,6 +791,9 @@ def _print_passed(report: dict, seconds: float, verbose: bool, console) -> None:
         render_streamed,
     )
 
+    if report.get("task") == "seq2seq-lm":
+        _print_seq2seq(report, seconds, console)
+        return
     if "parts" in report:
         for name, part in report["parts"].items():
             console.print(f"[bold]{escape(name)}[/]: {escape(part['what'])}")

@@ -530,14 +530,15 @@ def generate(
     Args:
         onnx_path: a file `--task causal-lm` wrote, the folder `--task
             causal-lm -o FOLDER/` wrote, or a `CachedDecoder` (reused across calls);
-            or an encoder-decoder's folder, `--task seq2seq-lm -o FOLDER/`:
+            or a `--task seq2seq-lm -o FOLDER/` folder (or `Seq2SeqFolder`):
             ids are the encoder's, the result the decoder's (`seq2seq_generation`).
         token_ids: integer array (batch >= 1, prompt length >= 1); rows shorter
             than the longest are right-padded (any id) and marked by
             `padding_mask`; prompt ids lie in [0, vocabulary). Or text (a folder).
             For an encoder-decoder, also keras-hub's dict of ids
             (`encoder_token_ids`, `encoder_padding_mask`, `decoder_token_ids`,
-            `decoder_padding_mask`).
+            `decoder_padding_mask`; a speech model's `encoder_input_values`,
+            an image-prompted one's `images` too).
         max_new_tokens: how many tokens each row gains, at least 1; the longest
             prompt and its new tokens must fit the model's positions.
         padding_mask: booleans (or 0/1) like `token_ids`, True on prompt tokens

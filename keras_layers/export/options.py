@@ -69,9 +69,10 @@ class ExportOptions:
             (`genai_folder`; chosen by itself when float32 would not fit).
         quantize: `"int8"` also writes `OUTPUT.int8.onnx`, quantized dynamically
             and judged by its top-1 agreement with Keras pooled over the grid.
-            With `--task causal-lm` and a folder output, `"int8"` or `"int4"`
-            also writes `FOLDER/int8/` or `FOLDER/int4/`: the decoder's
-            weights quantized (`MatMulNBits`), gated by `keras_layers.export.decoder_gate`.
+            With `--task causal-lm` or `seq2seq-lm` and a folder output, `"int8"`
+            or `"int4"` also writes `FOLDER/int8/` or `FOLDER/int4/`: the
+            decoder's (and encoder's) weights quantized (`MatMulNBits`), gated
+            by `keras_layers.export.decoder_gate`'s measures.
         decoder_min_agreement: a quantized decoder's gate: the least mean share
             of greedy tokens equal to Keras' before the first difference.
         decoder_max_nll_change: a quantized decoder's gate: the largest mean
@@ -80,7 +81,7 @@ class ExportOptions:
             compute: 4 (the activations quantized to int8 inside the op, as
             onnxruntime-genai's model builder does on CPU; the fastest) or 1
             (float32 from the dequantized weights: slower, no rounding of the
-            activations). Only with `quantize` and a causal-lm folder.
+            activations). Only with `quantize` and a causal-lm or seq2seq-lm folder.
         int8_min_top1: the int8 file's gate: the least share of real tokens
             (at least `validating.INT8_MIN_TOKENS` of them over the grid) whose
             top-1 class agrees with Keras', between 0 and 1.
@@ -226,7 +227,8 @@ class ExportOptions:
         if level != ACCURACY_LEVEL and self.quantize is None:
             raise UsageError(
                 f"{argument('decoder_accuracy_level', level)}: sets how a quantized decoder "
-                "computes; only with quantize (and a causal-lm folder), or leave it out"
+                "computes; only with quantize (and a causal-lm or seq2seq-lm folder), or leave "
+                "it out"
             )
 
     def _check_folder_settings(self) -> None:

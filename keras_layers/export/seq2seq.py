@@ -97,6 +97,7 @@ class Seq2Seq:
     encoder_input: str = "ids"  # "audio": a waveform; "image": images and a prompt's ids
     channels: int | None = None  # an audio input's last axis (None: (batch, samples))
     image_shape: tuple | None = None  # an image input's (height, width, channels)
+    min_samples: int | None = None  # the fewest samples a waveform takes (one frame out)
 
     @property
     def audio(self) -> bool:
@@ -439,7 +440,7 @@ def describe(model) -> Seq2Seq:
     missing = [name for name in DECODER_ARGUMENTS if name not in parameters]
     if missing:
         raise _refuse(model, f"names no {', '.join(missing)} in `call_decoder_with_cache`")
-    kind = getattr(calls, "encoder_input", "ids")
+    kind = calls.encoder_input if isinstance(calls, Adapter) else "ids"
     audio = kind == "audio"
     channels = _audio_channels(model) if audio else None
     image_shape = _image_shape(model) if kind == "image" else None
@@ -477,7 +478,35 @@ def describe(model) -> Seq2Seq:
         encoder_input=kind,
         channels=channels,
         image_shape=image_shape,
+        min_samples=_fewest_samples(calls, channels) if audio else None,
     )
+
+
+def _frames(calls, samples: int, channels: int | None) -> int:
+    """How many frames the encoder leaves of `samples` samples (0 where it fails)."""
+    from keras import ops
+
+    shape = (1, samples) if channels is None else (1, samples, channels)
+    try:
+        _, mask = encoder_outputs(calls, np.zeros(shape, "float32"), ops.ones((1, samples), "bool"))
+    except Exception:  # noqa: BLE001 - too short for the model's convolutions
+        return 0
+    return int(np.asarray(mask).astype(bool).sum())
+
+
+def _fewest_samples(calls, channels: int | None) -> int:
+    """The fewest samples that leave the encoder one frame: fewer fail in
+    ONNX Runtime's convolution, or leave a row the decoder cannot attend to."""
+    high = 1
+    while _frames(calls, high, channels) == 0:
+        if high >= 2**20:
+            return high
+        high *= 2
+    low = high // 2  # leaves no frame (or is 0)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if _frames(calls, middle, channels) else (middle, high)
+    return high
 
 
 def _audio_channels(model) -> int | None:

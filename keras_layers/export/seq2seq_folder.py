@@ -9,7 +9,8 @@ framing inside, proved token-identical on the stress corpus).
 
 Then the folder as a whole is proved before anything is placed: greedy
 generation from the staged folder (`keras_layers.export.generate`, ONNX
-Runtime only) against keras-hub's own `generate_step` with a greedy sampler,
+Runtime only) against keras-hub's own `generate_step` with a greedy sampler
+(a plain model's: `protocol_greedy`),
 on encoder inputs of different lengths in one padded batch; with a tokenizer,
 on text too, against `generate` on the same strings (keras-hub's
 preprocessor, its truncation and its detokenizer). Any difference fails the
@@ -29,7 +30,7 @@ from keras_layers.export.decoder_gate import agreement
 from keras_layers.export.errors import ExportError, UsageError, ValidationFailed, argument
 from keras_layers.export.genai_folder import _keep_failed, is_folder
 from keras_layers.export.generation import generate
-from keras_layers.export.options import ExportOptions
+from keras_layers.export.options import ACCURACY_LEVEL, ExportOptions
 from keras_layers.export.quantizing import quantize_weights, summary
 from keras_layers.export.seq2seq_generation import (
     CONFIG_FILE,
@@ -56,7 +57,7 @@ _REFUSED = {
     "report_path": f"the report is FOLDER/{REPORT_FILE}",
     "preprocessor": "the folder holds the tokenizer of a model saved with its preprocessor",
     "parts": "the folder already holds one file per part (encoder, decoder)",
-    "channels_first": "an encoder-decoder here reads token ids",
+    "channels_first": "an image-prompted encoder reads NHWC images, as Keras does",
 }
 
 
@@ -83,11 +84,13 @@ def _check(options: ExportOptions, output) -> Path:
     return path
 
 
-def special_ids(model) -> Special:
+def special_ids(model, media: bool = False) -> Special:
     """The decoder's start tokens, the end and pad ids.
 
     Args:
         model: the encoder-decoder.
+        media: its encoder reads audio or images (`Seq2Seq.masks_itself`):
+            the preprocessor's tokenizer's start and end ids are read.
 
     Returns:
         With a keras-hub preprocessor, read from `generate_preprocess("")`
@@ -104,12 +107,31 @@ def special_ids(model) -> Special:
     preprocessor = getattr(model, "preprocessor", None)
     if preprocessor is None:
         return _own_special_ids(model)
+    if media:  # its generate_preprocess reads audio or images: the tokenizer's ids
+        tokenizer = preprocessor.tokenizer
+        start = getattr(tokenizer, "start_token_id", None)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        return Special(
+            None if start is None else (int(start),), tokenizer.end_token_id, int(pad or 0)
+        )
     packed = preprocessor.generate_preprocess([""])
     ids = np.asarray(packed["decoder_token_ids"])[0]
     mask = np.asarray(packed["decoder_padding_mask"])[0].astype(bool)
     tokenizer = preprocessor.tokenizer
     pad = getattr(tokenizer, "pad_token_id", None)
     return Special(tuple(int(t) for t in ids[mask]), tokenizer.end_token_id, int(pad or 0))
+
+
+def _check_special(model, special: Special, vocabulary: int) -> None:
+    """Refuse special ids the model's vocabulary does not hold, by name."""
+    named = [("decoder_start_token_ids", t) for t in special.start or ()]
+    named += [("end_token_id", special.end), ("pad_token_id", special.pad)]
+    for name, value in named:
+        if value is not None and not 0 <= value < vocabulary:
+            raise UsageError(
+                f"{type(model).__name__}'s {name} holds {value}: outside the vocabulary "
+                f"[0, {vocabulary}) of its logits; give ids the model writes"
+            )
 
 
 def _is_id(value) -> bool:
@@ -174,6 +196,7 @@ def folder_config(model, description: seq2seq.Seq2Seq, special: Special) -> dict
         "encoder_input": description.encoder_input,
         "audio_channels": description.channels,
         "image_shape": None if description.image_shape is None else list(description.image_shape),
+        "min_encoder_samples": description.min_samples,
     }
 
 
@@ -435,8 +458,9 @@ def export_folder(model, folder, options: ExportOptions, *, progress=None) -> di
 
     Returns:
         The report (also `FOLDER/report.json`): `passed`, `encoder`,
-        `decoder` (each file's export report), `tokenizer`, `config` and
-        `generation` (`prove_folder`).
+        `decoder` (each file's export report), `tokenizer`, `config`,
+        `generation` (`prove_folder`) and, with `quantize`, `quantized`
+        (`quantized_folder`'s gate).
 
     Raises:
         UsageError: an option is refused, the output is no folder, or the
@@ -462,9 +486,13 @@ def export_folder(model, folder, options: ExportOptions, *, progress=None) -> di
     if isinstance(model, str | Path):
         model = loading.load(model, imports=options.imports, unsafe=options.unsafe).model
     description = seq2seq.describe(model)
-    special = special_ids(model)
+    special = special_ids(model, description.masks_itself)
+    _check_special(model, special, description.vocabulary)
     config = folder_config(model, description, special)
-    preprocessor = getattr(model, "preprocessor", None)
+    # A speech or image model's preprocessor reads media: its text side alone
+    # is not the folder's input (generate takes waveforms or images and ids).
+    media = description.masks_itself
+    preprocessor = None if media else getattr(model, "preprocessor", None)
     tokenizer_files = list(TOKENIZER_FILES) if preprocessor is not None else []
     files = [ENCODER_FILE, DECODER_FILE, CONFIG_FILE, REPORT_FILE, *tokenizer_files]
     kind = options.quantize
@@ -472,7 +500,8 @@ def export_folder(model, folder, options: ExportOptions, *, progress=None) -> di
     nothing = f"Nothing was placed: {folder} is as it was."
     report = {"task": "seq2seq-lm", "folder": str(folder)}
     with folder_placement.staging(folder) as staging:
-        floats = replace(options, quantize=None)  # each file is proved in float32 first
+        # each file is proved in float32 first (the level is the quantized files')
+        floats = replace(options, quantize=None, decoder_accuracy_level=ACCURACY_LEVEL)
         report.update(_export_files(model, description, staging, folder, floats, progress))
         if preprocessor is not None:
             report["tokenizer"] = export_tokenizer(preprocessor, staging).report()
@@ -486,20 +515,27 @@ def export_folder(model, folder, options: ExportOptions, *, progress=None) -> di
             reason = _failure(proof)
             raise ValidationFailed(f"{reason}. {nothing}", report, reason)
         if kind:
-            gate = quantized_folder(model, staging, description, proof, options)
-            report["quantized"] = {kind: gate}
-            if not gate["passed"]:
-                report["passed"] = False
-                where = _keep_failed(staging / kind, folder)
-                raise ValidationFailed(
-                    f"the {kind} folder fails its gate: {gate['failure']}. {nothing} The {kind} "
-                    f"folder was {where}",
-                    report,
-                    gate["failure"],
-                )
+            _gate(model, staging, folder, description, report, options)
         placement.write_json(report, staging / REPORT_FILE)
         folder_placement.place_folder(staging, folder)
     return report
+
+
+def _gate(model, staging: Path, folder: Path, description, report: dict, options) -> None:
+    """Write and judge the quantized folder (`quantized_folder`) into the
+    report; a failed gate raises, the refused folder kept beside FOLDER."""
+    kind = options.quantize
+    gate = quantized_folder(model, staging, description, report["generation"], options)
+    report["quantized"] = {kind: gate}
+    if not gate["passed"]:
+        report["passed"] = False
+        where = _keep_failed(staging / kind, folder)
+        raise ValidationFailed(
+            f"the {kind} folder fails its gate: {gate['failure']}. Nothing was placed: "
+            f"{folder} is as it was. The {kind} folder was {where}",
+            report,
+            gate["failure"],
+        )
 
 
 def _log_probs(logits: np.ndarray, following: np.ndarray) -> np.ndarray:

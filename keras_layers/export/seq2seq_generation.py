@@ -2,9 +2,13 @@
 
 The folder (`seq2seq_folder` writes it) holds:
 
-- `encoder_model.onnx`: `input_ids` and `attention_mask` in; the encoder's
-  `last_hidden_state` and each decoder layer's cross-attention keys and
-  values (`present.{i}.encoder.key/value`) out, computed once per input;
+- `encoder_model.onnx`: `input_ids` and `attention_mask` in (a speech
+  model: `input_values`, a waveform; an image-prompted one: `images` too);
+  the encoder's `last_hidden_state` and each decoder layer's
+  cross-attention keys and values (`present.{i}.encoder.key/value`) out,
+  computed once per input, and, where the encoder's output is not its
+  input's length (speech frames, image queries), `encoder_attention_mask`,
+  the mask the decoder reads;
 - `decoder_with_past_model.onnx`: `input_ids`, `encoder_attention_mask` and
   `past_key_values.{i}.decoder/encoder.key/value` in (the decoder's own past
   growing, empty on the first call; the encoder's as the encoder returned
@@ -19,13 +23,17 @@ this module) takes what keras-hub's `Seq2SeqLM.generate` takes: text with a
 tokenizer; or the encoder's ids (the decoder starts from the folder's start
 tokens); or, as keras-hub takes them without a preprocessor, a dict of
 `encoder_token_ids`, `encoder_padding_mask`, `decoder_token_ids` and
-`decoder_padding_mask`. Decoder prompts of different lengths run in lockstep
-(`decoding.lockstep`), as keras-hub's samplers run them.
+`decoder_padding_mask` (a speech model's waveforms under
+`encoder_input_values`; an image-prompted model's `images` beside the ids).
+Decoder prompts of different lengths run in lockstep (`decoding.lockstep`),
+as keras-hub's samplers run them. `Seq2SeqFolder` opens the files once for
+many calls.
 
 Every argument is checked before the encoder runs, against the folder:
-ids within the vocabulary, the encoder's input within its position table,
-the decoder's prompt and new tokens within its own. Nothing here imports
-TensorFlow or Keras.
+ids within the vocabulary, the encoder's input within its position table
+(waveforms: finite, at least the samples the encoder needs for a frame;
+images: the model's size), the decoder's prompt and new tokens within its
+own. Nothing here imports TensorFlow or Keras.
 """
 
 import json
@@ -87,6 +95,7 @@ class Settings:
     encoder_input: str = "ids"  # "audio": waveforms; "image": images and a prompt's ids
     audio_channels: int | None = None  # a waveform's last axis (None: (batch, samples))
     image_shape: tuple | None = None  # (height, width, channels) of an image input
+    min_encoder_samples: int | None = None  # the fewest samples a waveform row takes
 
     @property
     def audio(self) -> bool:
@@ -172,6 +181,7 @@ def read_settings(path: Path) -> Settings:
         encoder_input=_encoder_input(config, path),
         audio_channels=_count(config, "audio_channels", path, True, 1),
         image_shape=_image_shape(config, path),
+        min_encoder_samples=_count(config, "min_encoder_samples", path, True, 1),
     )
     ids = [*(settings.decoder_start_token_ids or ()), settings.end_token_id, settings.pad_token_id]
     outside = [token for token in ids if token is not None and token >= settings.vocabulary]
@@ -367,13 +377,13 @@ def _check_length(name: str, length: int, limit: int | None) -> None:
         )
 
 
-def _check_waves(values, settings: Settings) -> np.ndarray:
+def _check_waves(values, settings: Settings, name: str = "token_ids") -> np.ndarray:
     """Float waveforms (batch, samples), or (batch, samples, channels) as the
     model reads them; finite, at least one row and one sample."""
-    waves = decoding._array("token_ids", values)
+    waves = decoding._array(name, values)
     if waves.dtype.kind != "f":
         raise decoding.ArgumentTypeError(
-            f"token_ids of dtype {waves.dtype}: the folder's encoder reads waveforms; give "
+            f"{name} of dtype {waves.dtype}: the folder's encoder reads waveforms; give "
             "float32 samples (batch, samples), decoded audio in -1..1"
         )
     channels = settings.audio_channels
@@ -383,12 +393,12 @@ def _check_waves(values, settings: Settings) -> np.ndarray:
     if waves.ndim != wanted or 0 in waves.shape[:2] or (channels and waves.shape[2] != channels):
         shape = "(batch, samples)" if channels is None else f"(batch, samples, {channels})"
         raise ValueError(
-            f"token_ids of shape {waves.shape}: the folder's encoder reads waveforms of shape "
+            f"{name} of shape {waves.shape}: the folder's encoder reads waveforms of shape "
             f"{shape}, at least one row and one sample a row"
         )
     if not np.isfinite(waves).all():
         row = int(np.argwhere(~np.isfinite(waves))[0][0])
-        raise ValueError(f"token_ids[{row}] holds a NaN or infinite sample; give finite audio")
+        raise ValueError(f"{name}[{row}] holds a NaN or infinite sample; give finite audio")
     return waves.astype(np.float32)
 
 
@@ -408,10 +418,22 @@ def _check_images(values, settings: Settings, rows: int) -> np.ndarray:
     return images.astype(np.float32)
 
 
-def _encoder_part(inputs, mask, settings: Settings) -> tuple:
-    """The encoder's ids (or waveforms) and their mask, each checked."""
-    encoder = _check_waves(inputs, settings) if settings.audio else decoding._check_ids(inputs)
-    return encoder, decoding._check_mask(mask, encoder.shape[:2])
+def _encoder_part(inputs, mask, settings: Settings, name: str = "token_ids") -> tuple:
+    """The encoder's ids (or waveforms, each long enough) and their mask, checked."""
+    if not settings.audio:
+        encoder = decoding._check_ids(inputs)
+        return encoder, decoding._check_mask(mask, encoder.shape)
+    encoder = _check_waves(inputs, settings, name)
+    mask = decoding._check_mask(mask, encoder.shape[:2])
+    fewest = settings.min_encoder_samples
+    short = np.flatnonzero(mask.sum(axis=1) < (fewest or 0))
+    if len(short):
+        row = int(short[0])
+        raise ValueError(
+            f"{name}[{row}] holds {int(mask[row].sum())} samples: the model's convolutions "
+            f"leave no frame of fewer than {fewest}; give at least {fewest} samples a row"
+        )
+    return encoder, mask
 
 
 def _from_dict(inputs: dict, settings: Settings) -> tuple:
@@ -426,7 +448,9 @@ def _from_dict(inputs: dict, settings: Settings) -> tuple:
             f"token_ids: a dict of keys {sorted(inputs, key=str)}; give keras-hub's "
             f"{', '.join(keys)} ({' and '.join(needed)} at least)"
         )
-    encoder, mask = _encoder_part(inputs[first], inputs.get("encoder_padding_mask"), settings)
+    encoder, mask = _encoder_part(
+        inputs[first], inputs.get("encoder_padding_mask"), settings, first
+    )
     if settings.image:
         encoder = (encoder, _check_images(inputs["images"], settings, len(encoder)))
     if "decoder_token_ids" in inputs:
