@@ -189,7 +189,9 @@ def test_a_model_without_its_preprocessor_generates_from_ids(tmp_path):
     assert generate(tmp_path / "t5", feeds, 3).shape == (1, 4)
 
 
-@pytest.mark.parametrize("kind", ["int8", pytest.param("int4", marks=pytest.mark.slow)])
+# The slow tier: the default run's command-line test exports an int8 folder too.
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_a_quantized_folder_is_written_beside_the_float_one_and_gated(tmp_path, kind):
     """`quantize` adds FOLDER/<kind>/: both files' weights in `MatMulNBits`,
     the config and tokenizer copied, judged by greedy agreement and the log
