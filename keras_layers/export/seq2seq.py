@@ -50,7 +50,7 @@ from keras_layers.export.causal_lm import _cache_writes_as_appends, _merge
 from keras_layers.export.compat import original, patched
 from keras_layers.export.errors import UsageError, one_line
 from keras_layers.export.loading import TensorInfo
-from keras_layers.export.seq2seq_generation import decoder_stepper
+from keras_layers.export.seq2seq_generation import EncoderInput, decoder_stepper
 from keras_layers.export.tracing import trace_call
 
 # The arguments of `call_decoder_with_cache` the protocol passes by name.
@@ -85,7 +85,7 @@ def cross_names(layers: int) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Seq2Seq:
+class Seq2Seq(EncoderInput):
     """What the export reads of an encoder-decoder by running it once."""
 
     layers: int  # decoder layers, each with a self- and a cross-attention cache
@@ -98,22 +98,6 @@ class Seq2Seq:
     channels: int | None = None  # an audio input's last axis (None: (batch, samples))
     image_shape: tuple | None = None  # an image input's (height, width, channels)
     min_samples: int | None = None  # the fewest samples a waveform takes (one frame out)
-
-    @property
-    def audio(self) -> bool:
-        """Whether the encoder reads a waveform, its mask over the samples."""
-        return self.encoder_input == "audio"
-
-    @property
-    def image(self) -> bool:
-        """Whether the encoder reads images beside the prompt's ids."""
-        return self.encoder_input == "image"
-
-    @property
-    def masks_itself(self) -> bool:
-        """Whether the encoder returns the mask the decoder reads (its output
-        is not its input's length: audio frames, or image queries prepended)."""
-        return self.encoder_input != "ids"
 
 
 def _refuse(model, why: str) -> UsageError:

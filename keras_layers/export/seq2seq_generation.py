@@ -81,8 +81,32 @@ def is_seq2seq_folder(path) -> bool:
         return False
 
 
+class EncoderInput:
+    """What an encoder reads, from its `encoder_input`: `"ids"`, `"audio"`
+    (a waveform) or `"image"` (images and a prompt's ids). Shared by the
+    export's description (`seq2seq.Seq2Seq`) and the folder's settings."""
+
+    encoder_input: str
+
+    @property
+    def audio(self) -> bool:
+        """Whether the encoder reads a waveform, its mask over the samples."""
+        return self.encoder_input == "audio"
+
+    @property
+    def image(self) -> bool:
+        """Whether the encoder reads images beside the prompt's ids."""
+        return self.encoder_input == "image"
+
+    @property
+    def masks_itself(self) -> bool:
+        """Whether the encoder returns the mask the decoder reads (its output
+        is not its input's length: audio frames, or image queries prepended)."""
+        return self.encoder_input != "ids"
+
+
 @dataclass(frozen=True)
-class Settings:
+class Settings(EncoderInput):
     """What `seq2seq_config.json` says, each value checked."""
 
     layers: int
@@ -96,16 +120,6 @@ class Settings:
     audio_channels: int | None = None  # a waveform's last axis (None: (batch, samples))
     image_shape: tuple | None = None  # (height, width, channels) of an image input
     min_encoder_samples: int | None = None  # the fewest samples a waveform row takes
-
-    @property
-    def audio(self) -> bool:
-        """Whether the encoder reads waveforms."""
-        return self.encoder_input == "audio"
-
-    @property
-    def image(self) -> bool:
-        """Whether the encoder reads images beside the prompt's ids."""
-        return self.encoder_input == "image"
 
 
 def _count(config: dict, key: str, path: Path, none_allowed: bool, least: int = 0):
@@ -249,7 +263,7 @@ class Seq2SeqFolder:
         decoder_inputs = {value.name: value for value in self.decoder.get_inputs()}
         encoder_outputs = {value.name for value in self.encoder.get_outputs()}
         self.input_name = "input_values" if self.settings.audio else "input_ids"
-        self.mask_output = self.settings.encoder_input != "ids"
+        self.mask_output = self.settings.masks_itself
         names = {self.input_name, "attention_mask", *(["images"] if self.settings.image else [])}
         wanted = names <= set(encoder_inputs) and set(self.cross_names) <= encoder_outputs
         past = [f"past_key_values.{i}.decoder.{k}" for i in layers for k in ("key", "value")]
