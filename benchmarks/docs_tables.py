@@ -452,9 +452,9 @@ GENERATE_CANDIDATES = ("ort_cache", "ort_recompute", "keras_hub", "int8_cache")
 def seq2seq_speed_table(report: dict) -> str:
     """Greedy generation of an encoder-decoder folder against keras-hub's, and
     the batch-1 bound that memory bandwidth sets."""
-    floor = report["floor"]
     rows = []
     for row in report["rows"]:
+        floor = report["models"][row["model"]]["floor"]
         bound = f"{floor['best_speedup_batch_1']:.2f}x" if row["batch"] == 1 else ""
         rows.append(
             [
@@ -469,6 +469,7 @@ def seq2seq_speed_table(report: dict) -> str:
                 f"{row['ours_int8']['ms']:,.0f}",
                 f"{row['ours_int8']['speedup']:.2f}x",
                 f"{row['ours_int8']['rows_equal_to_keras_hub']}/{row['batch']}",
+                *_optimum_cells(row.get("optimum")),
             ]
         )
     header = [
@@ -483,8 +484,23 @@ def seq2seq_speed_table(report: dict) -> str:
         "int8 folder ms",
         "keras-hub / int8",
         "int8 rows = keras-hub's",
+        "optimum ms",
+        "ours / optimum (target <= 1.0)",
+        "optimum's tokens = ours",
     ]
-    return markdown_table(header, [False] + [True] * 6 + [False] + [True] * 3, rows)
+    aligned = [False] + [True] * 6 + [False] + [True] * 5 + [False]
+    return markdown_table(header, aligned, rows)
+
+
+def _optimum_cells(peer) -> list:
+    """The optimum peer's cells: its time, our ratio and token agreement, or
+    its error (not installed: the peers extra) across them."""
+    if not peer:
+        return ["not measured", "", ""]
+    if "error" in peer:
+        return [peer["error"], "", ""]
+    same = "yes" if peer["same_tokens"] else "no"
+    return [f"{peer['ms']:,.0f}", f"{peer['ours_over_optimum']:.2f}", same]
 
 
 # --- real_models.json -------------------------------------------------------------

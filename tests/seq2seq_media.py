@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 
 from keras_layers.export import Seq2SeqFolder, export_model, seq2seq
-from keras_layers.export.validating import DEFAULT_ATOL, DEFAULT_RTOL
+from keras_layers.export.validating import DEFAULT_ATOL, DEFAULT_RTOL, Validation
 from tests import zoo_vision
 
 
@@ -19,16 +19,16 @@ def exported(name: str, root) -> tuple:
 
 
 def unmasked_check(model, folder) -> tuple:
-    """The decoder's check fed the encoder file's keys, values and mask
-    (which must pass), then every encoder position marked valid: whether
-    each passed, and the encoder file's mask."""
+    """The decoder's check on the folder's merged decoder fed the encoder
+    file's output and mask (which must pass), then every encoder position
+    marked valid: whether each passed, and the encoder file's mask."""
     reference = seq2seq.decoder_references(model, seq2seq.describe(model))
-    cross, mask = Seq2SeqFolder(folder).encode(
-        reference.encoder_ids, reference.encoder_input_mask == 1
-    )
-    fed = replace(reference, cross=cross, encoder_mask=mask)
-    decoder = folder / "decoder_with_past_model.onnx"
-    passed = seq2seq.validate_decoder(fed, decoder, DEFAULT_ATOL, DEFAULT_RTOL).passed
-    unmasked = replace(fed, encoder_mask=np.ones_like(mask))
-    still = seq2seq.validate_decoder(unmasked, decoder, DEFAULT_ATOL, DEFAULT_RTOL).passed
-    return passed, still, mask
+    opened = Seq2SeqFolder(folder)
+    hidden, mask = opened.encode(reference.encoder_ids, reference.encoder_input_mask == 1)
+    fed = replace(reference, encoder_mask=mask)
+
+    def checked(mask):
+        result = Validation(atol=DEFAULT_ATOL, rtol=DEFAULT_RTOL)
+        return seq2seq.check_steps(fed, opened.stepper(hidden, mask), result).passed
+
+    return checked(mask), checked(np.ones_like(mask)), mask

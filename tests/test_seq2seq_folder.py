@@ -13,10 +13,12 @@ import sys
 
 import keras
 import numpy as np
+import onnx
+import onnx.numpy_helper
 import pytest
 import sentencepiece
 
-from keras_layers.export import ExportOptions, export_model, generate, seq2seq
+from keras_layers.export import ExportOptions, export_model, generate, merged_decoder, seq2seq
 from keras_layers.export import seq2seq_folder as folder_module
 from keras_layers.export.errors import DecoderFileError, UsageError, ValidationFailed
 from keras_layers.export.seq2seq_generation import CONFIG_FILE, DECODER_FILE, ENCODER_FILE
@@ -110,14 +112,66 @@ def _keras_generate(model, texts, max_length):
 def test_the_folder_holds_its_files_and_its_proof(exported):
     _, folder, report = exported
     names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+    sentencepiece = ["spiece.model"] if "T5" in type(exported[0]).__name__ else []
     assert names == sorted(
         [ENCODER_FILE, DECODER_FILE, CONFIG_FILE, "report.json", "tokenizer.json",
-         "tokenizer_config.json", "special_tokens_map.json"]
+         "tokenizer_config.json", "special_tokens_map.json", "config.json",
+         "generation_config.json", *sentencepiece]
     )  # fmt: skip
     assert report["passed"] and report["encoder"]["passed"] and report["decoder"]["passed"]
     proof = report["generation"]
     assert proof["composed"]["equal"] and proof["ids"]["equal"] and proof["text"]["equal"]
     assert json.loads((folder / "report.json").read_text())["passed"]
+
+
+def test_the_cross_attention_keys_and_values_are_projected_in_the_first_step_alone(exported):
+    """optimum's merged decoder: its `with_past` branch (every step after the
+    first) reads nothing computed from the encoder's output; its first step
+    projects it, two matrix products a layer at least; the encoder file
+    returns its output alone."""
+    _, folder, report = exported
+    merged = onnx.load(str(folder / DECODER_FILE))
+    census = merged_decoder.branch_census(merged)
+    assert census == report["merged"]["branches"]
+    layers = json.loads((folder / CONFIG_FILE).read_text())["layers"]
+    assert census["with_past"]["read_encoder_output"] == 0
+    assert census["first_step"]["read_encoder_output"] > 0
+    products = census["first_step"]["weight_products"]
+    assert products >= census["with_past"]["weight_products"] + 2 * layers
+    encoder = onnx.load(str(folder / ENCODER_FILE))
+    assert [output.name for output in encoder.graph.output] == ["last_hidden_state"]
+    reads = [node for node in merged.graph.node if "encoder_hidden_states" in node.input]
+    assert not reads  # the outer graph holds the If alone
+
+
+def test_the_folders_tokenizer_is_keras_hubs_on_the_stress_corpus(exported):
+    """What `generate` encodes text with (T5: the folder's `spiece.model`
+    framed as `tokenizer.json` frames; BART: `tokenizer.json`) gives
+    keras-hub's preprocessor's encoder ids on every text of the stress
+    corpus, and keras-hub's text back from ids (start, end and pad ids
+    removed first, as keras-hub's `generate_postprocess` removes them)."""
+    from keras_layers.export import Seq2SeqFolder
+    from keras_layers.export.tokenizer_files.corpus import STRESS_CORPUS
+
+    model, folder, _ = exported
+    tokenizer = Seq2SeqFolder(folder).tokenizer()
+    texts = [text for text in STRESS_CORPUS if text]
+    packed = model.preprocessor.generate_preprocess(texts)
+    ids, mask = (np.asarray(packed[key]) for key in ("encoder_token_ids", "encoder_padding_mask"))
+    expected = [ids[row][mask[row].astype(bool)].tolist() for row in range(len(texts))]
+    assert [tokenizer.encode(text).ids for text in texts] == expected
+    if (folder / "spiece.model").is_file():  # the check can fail: tokenizer.json's own gaps
+        from keras_layers.export.decoding import _folder_tokenizer
+
+        framed = _folder_tokenizer(folder / "tokenizer.json", truncate=True)
+        assert [framed.encode(text).ids for text in texts] != expected
+    special = model.preprocessor.tokenizer
+    dropped = {special.start_token_id, special.end_token_id, special.pad_token_id} - {None}
+    for text in texts:
+        row = [t for t in np.asarray(special(text)).tolist() if t not in dropped]
+        keras_text = special.detokenize(np.asarray([row], "int32"))[0]
+        keras_text = keras_text.decode() if isinstance(keras_text, bytes) else str(keras_text)
+        assert tokenizer.decode(row, skip_special_tokens=False) == keras_text, text
 
 
 def test_generate_gives_keras_hubs_greedy_text(exported):
@@ -159,6 +213,29 @@ def test_the_proof_fails_a_folder_whose_encoder_is_another_models(exported, tmp_
     other = zoo_models.redraw(seq2seq_lm(type(model).__name__[: -len("Seq2SeqLM")].lower()), 7)
     export_model(seq2seq.encoder_model(other), staged / ENCODER_FILE)
     checked = folder_module.composed(model, staged, described, ExportOptions())
+    assert not checked["equal"]
+
+
+def test_the_proof_fails_a_merged_decoder_whose_first_step_projects_otherwise(exported, tmp_path):
+    """The first step's projections (the `If`'s else branch) are proved by
+    the composed check: layer 0's value projection x1.01 fails it, though
+    every later step reads what the first returned."""
+    model, folder, _ = exported
+    staged = tmp_path / "staged"
+    shutil.copytree(folder, staged, symlinks=False)
+    merged = onnx.load(str(staged / DECODER_FILE))
+    weights = {init.name: init for init in merged.graph.initializer}
+    first = next(a.g for a in merged.graph.node[0].attribute if a.g.name == "first_step")
+    producers = {name: node for node in first.node for name in node.output}
+    node = producers["cross/present.0.encoder.value"]
+    while not (node.op_type in ("MatMul", "Gemm") and node.input[1] in weights):
+        node = producers[node.input[0]]  # back to layer 0's value projection
+    projections = [node.input[1]]
+    scaled = weights[projections[0]]
+    value = onnx.numpy_helper.to_array(scaled) * np.float32(1.01)
+    scaled.CopyFrom(onnx.numpy_helper.from_array(value, scaled.name))
+    onnx.save(merged, str(staged / DECODER_FILE))
+    checked = folder_module.composed(model, staged, seq2seq.describe(model), ExportOptions())
     assert not checked["equal"]
 
 
@@ -205,9 +282,12 @@ def test_a_quantized_folder_is_written_beside_the_float_one_and_gated(tmp_path, 
     assert report["passed"] and gate["passed"] and gate["failure"] == ""
     assert gate["greedy_agreement"] >= 0.5 and gate["mean_abs_log_prob_change"] <= 0.25
     sub = tmp_path / "bart" / kind
-    for name in (ENCODER_FILE, DECODER_FILE):
-        ops = {node.op_type for node in onnx.load(str(sub / name)).graph.node}
-        assert "MatMulNBits" in ops
+    encoder = onnx.load(str(sub / ENCODER_FILE)).graph
+    assert "MatMulNBits" in {node.op_type for node in encoder.node}
+    merged = onnx.load(str(sub / DECODER_FILE))
+    for branch in merged_decoder.branch_census(merged).values():  # both branches' products
+        assert branch["weight_products"] > 0
+        assert branch["weight_products"] == branch["matmul_nbits"]
     assert {CONFIG_FILE, "tokenizer.json"} <= {path.name for path in sub.iterdir()}
     assert isinstance(generate(sub, "a short text", 3), str)
 
@@ -324,6 +404,7 @@ def test_the_command_line_exports_a_quantized_folder_and_says_what_it_proved(tmp
     assert cli.main([*argv, "--decoder-accuracy-level", "1"]) == 0
     said = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
     assert "greedy tokens = keras-hub's on 3 padded rows" in said
+    assert "first step's cross-attention projections" in said and "optimum" not in said
     assert "int8" in said and "greedy agreement" in said and "passed" in said
     assert (tmp_path / "out" / "int8" / DECODER_FILE).is_file()
 

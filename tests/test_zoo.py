@@ -157,7 +157,7 @@ def test_a_seq2seq_lm_exports_as_a_folder_that_generates_or_is_refused_by_name(n
         return
     report = export_model(model, f"{tmp_path}/folder/", task="seq2seq-lm")
     assert report["passed"] and report["generation"]["ids"]["equal"]
-    assert (tmp_path / "folder" / "decoder_with_past_model.onnx").is_file()
+    assert (tmp_path / "folder" / "decoder_model_merged.onnx").is_file()
 
 
 def test_models_page_table_is_rendered_from_the_zoo_json():

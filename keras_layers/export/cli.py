@@ -756,11 +756,19 @@ def _print_seq2seq(report: dict, seconds: float, console) -> None:
     quantized folder's gate (rich markup)."""
     from rich.markup import escape
 
-    for name in ("encoder", "decoder"):
+    parts = (("encoder", "encoder"), ("decoder", "decoder steps"),
+             ("cross", "first step's cross-attention projections"))  # fmt: skip
+    for name, label in parts:
         part = report[name]
         console.print(
-            f"[green]{name}[/]: {escape(part['onnx_path'])} matches Keras on "
+            f"[green]{label}[/]: {escape(part['onnx_path'])} matches Keras on "
             f"{len(part['checks'])} checks"
+        )
+    written = report["transformers"]
+    if written["files"]:
+        console.print(
+            f"[green]optimum[/]: {', '.join(written['files'])} ({written['model_type']}) for "
+            "ORTModelForSeq2SeqLM"
         )
     proof = report["generation"]
     rows = len(proof["ids"]["keras"])

@@ -379,7 +379,9 @@ def right_padded(rows: list) -> tuple:
     return ids, mask
 
 
-def decode_texts(tokenizer, path: Path, new_rows: list, end, prompts, what: str, again: str):
+def decode_texts(
+    tokenizer, path: Path, new_rows: list, end, prompts, what: str, again: str, dropped=None
+):
     """Each row's new tokens, up to its end token, as text.
 
     Args:
@@ -390,6 +392,10 @@ def decode_texts(tokenizer, path: Path, new_rows: list, end, prompts, what: str,
         prompts: the texts generated from (one string: one string back).
         what: what a text is called in a failure ("prompt", "input").
         again: how to write the folder anew.
+        dropped: ids removed before decoding the rest with every special
+            token's text, as keras-hub's `Seq2SeqLM.generate_postprocess`
+            removes its start, end and pad ids (None: every special token
+            skipped).
 
     Returns:
         One string, or a list of them, as `prompts` was given.
@@ -397,8 +403,10 @@ def decode_texts(tokenizer, path: Path, new_rows: list, end, prompts, what: str,
     decoded = []
     for index, new in enumerate(new_rows):
         new = new[: new.index(end)] if end is not None and end in new else new
+        if dropped is not None:
+            new = [token for token in new if token not in dropped]
         with _tokenizer_failures(path, f"fails on the new tokens of {what} {index}", again):
-            decoded.append(tokenizer.decode(new, skip_special_tokens=True))
+            decoded.append(tokenizer.decode(new, skip_special_tokens=dropped is None))
     return decoded[0] if isinstance(prompts, str) else decoded
 
 

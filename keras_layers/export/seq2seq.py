@@ -67,6 +67,8 @@ DECODER_ARGUMENTS = (
 # cross-attention keys and values named as optimum's decoder returns them.
 ENCODER_INPUTS = ("input_ids", "attention_mask")
 ENCODER_OUTPUT = "last_hidden_state"
+# The cross-attention projections' inputs: the merged decoder's (optimum's).
+CROSS_INPUTS = ("encoder_hidden_states", "encoder_attention_mask")
 # An audio encoder's: optimum's waveform input, and the mask over its output
 # frames that the decoder's cross-attention reads (the encoder's convolutions
 # shorten the sequence, so the input's mask is not the decoder's).
@@ -677,6 +679,53 @@ def encoder_model(model, description: Seq2Seq | None = None):
     return keras.Model(inputs, named, name="encoder_model")
 
 
+def cross_model(model, description: Seq2Seq | None = None):
+    """The cross-attention projections alone, as a functional Keras model:
+    what the merged decoder's first step computes (`merged_decoder`).
+
+    Args:
+        model: an encoder-decoder (`describe`).
+        description: its sizes (default: `describe(model)`).
+
+    Returns:
+        A `keras.Model` from `encoder_hidden_states` (batch, encoder length,
+        hidden) and `encoder_attention_mask` (1 on the encoder's tokens) to
+        each decoder layer's `present.{i}.encoder.key/value`, for the
+        forward pipeline, which converts, slims and proves it.
+
+    Example:
+
+    >>> import keras_hub
+    >>> backbone = keras_hub.models.BartBackbone(vocabulary_size=40, num_layers=1,
+    ...     num_heads=2, hidden_dim=8, intermediate_dim=16, max_sequence_length=16)
+    >>> model = keras_hub.models.BartSeq2SeqLM(backbone)
+    >>> [tuple(output.shape) for output in cross_model(model).outputs]
+    [(None, 2, None, 4), (None, 2, None, 4)]
+    """
+    import keras
+
+    description = description or describe(model)
+    layers = description.layers
+
+    class CrossSide(keras.layers.Layer):
+        def __init__(self, seq2seq, **kwargs):
+            super().__init__(**kwargs)
+            self.seq2seq = seq2seq
+
+        def call(self, hidden, attention_mask):
+            mask = keras.ops.cast(attention_mask, "bool")
+            return cross_attention(self.seq2seq, hidden, mask, layers)
+
+    hidden = keras.Input((None, description.hidden), dtype=description.dtype, name=CROSS_INPUTS[0])
+    mask = keras.Input((None,), dtype="int32", name=CROSS_INPUTS[1])
+    outputs = CrossSide(model, name="cross_side")(hidden, mask)
+    named = {
+        name: keras.layers.Identity(name=name.replace(".", "_"))(tensor)
+        for name, tensor in zip(cross_names(layers), outputs, strict=True)
+    }
+    return keras.Model({hidden.name: hidden, mask.name: mask}, named, name="cross_model")
+
+
 # --- the decoder, one step per call ----------------------------------------------
 
 # The decoder file's inputs besides its caches (optimum's decoder_with_past names).
@@ -880,10 +929,29 @@ def validate_decoder(reference: DecoderReference, onnx_path, atol, rtol, lean_me
     if isinstance(session, str):
         result.error = session
         return result
+    step = decoder_stepper(session, reference.cross, reference.encoder_mask)
+    return check_steps(reference, step, result, start)
+
+
+def check_steps(reference: DecoderReference, step, result, start=None):
+    """Feed `step` Keras' own tokens and compare each call's logits with Keras'.
+
+    Args:
+        reference: Keras' side (`decoder_references`).
+        step: `step(token_ids) -> logits`, from an empty past (a decoder
+            file's `decoder_stepper`, a folder's `Seq2SeqFolder.stepper`).
+        result: the `validating.Validation` to fill, with its tolerances.
+        start: `time.perf_counter()` when the check began.
+
+    Returns:
+        `result`: the prompt's check and the decode steps' (ONNX Runtime's
+        own failure as `error`); never raises.
+    """
+    start = time.perf_counter() if start is None else start
     batch = reference.encoder_mask.shape[0]
+    atol, rtol = result.atol, result.rtol
     steps = []
     try:
-        step = decoder_stepper(session, reference.cross, reference.encoder_mask)
         calls = zip(reference.tokens, reference.logits, strict=True)
         for call, (tokens, expected) in enumerate(calls):
             logits = step(tokens)

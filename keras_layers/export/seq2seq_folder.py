@@ -25,7 +25,17 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_layers.export import folder_placement, inputs, loading, pipeline, placement, seq2seq
+from keras_layers.export import (
+    folder_placement,
+    inputs,
+    loading,
+    merged_decoder,
+    pipeline,
+    placement,
+    seq2seq,
+    transformers_config,
+    validating,
+)
 from keras_layers.export.decoder_gate import agreement
 from keras_layers.export.errors import ExportError, UsageError, ValidationFailed, argument
 from keras_layers.export.genai_folder import _keep_failed, is_folder
@@ -37,12 +47,20 @@ from keras_layers.export.seq2seq_generation import (
     DECODER_FILE,
     ENCODER_FILE,
     FORMAT,
+    SENTENCEPIECE_FILE,
     Seq2SeqFolder,
 )
 from keras_layers.export.tokenizer_files.exporting import FILE_NAMES as TOKENIZER_FILES
 from keras_layers.export.tokenizer_files.gate import export_tokenizer
 
 REPORT_FILE = "report.json"
+# The pair the pipeline exports and proves, staged here until merged.
+PARTS = ".parts"
+PART_FILES = {
+    "encoder": "encoder_model.onnx",
+    "decoder": "decoder_with_past_model.onnx",
+    "cross": "cross_model.onnx",  # the cross-attention projections
+}
 # The folder's proof: greedy tokens after the decoder's start, and the inputs.
 NEW_TOKENS = 12
 ENCODER_LENGTHS = (9, 5, 2)
@@ -313,9 +331,10 @@ def _proof_inputs(description: seq2seq.Seq2Seq, config: dict) -> tuple:
 
 
 def composed(model, staged: Path, description, options: ExportOptions) -> dict:
-    """The two files together, teacher-forced: the decoder's steps fed the
-    encoder file's keys and values (each file was proved alone, the decoder
-    on Keras' own), each call's logits against Keras' cached calls. Unlike
+    """The folder's two files together, teacher-forced: the merged decoder's
+    steps on the encoder file's output (each file of the pair it was made
+    from was proved alone, the decoder on Keras' keys and values), its first
+    step projecting them, each call's logits against Keras' cached calls. Unlike
     greedy tokens, which a random model repeats whatever its input, the
     logits move with every input.
 
@@ -329,11 +348,11 @@ def composed(model, staged: Path, description, options: ExportOptions) -> dict:
         `{"equal", "checks", "error"}`: the prompt's check and the decode steps'.
     """
     reference = seq2seq.decoder_references(model, description)
-    cross, mask = Seq2SeqFolder(staged).encode(
-        reference.encoder_ids, reference.encoder_input_mask == 1
-    )
-    fed = replace(reference, cross=cross, encoder_mask=mask)
-    checked = seq2seq.validate_decoder(fed, staged / DECODER_FILE, options.atol, options.rtol)
+    opened = Seq2SeqFolder(staged)
+    hidden, mask = opened.encode(reference.encoder_ids, reference.encoder_input_mask == 1)
+    result = validating.Validation(atol=options.atol, rtol=options.rtol)
+    fed = replace(reference, encoder_mask=mask)
+    checked = seq2seq.check_steps(fed, opened.stepper(hidden, mask), result)
     return {
         "equal": checked.passed,
         "checks": [asdict(check) for check in checked.checks],
@@ -420,18 +439,22 @@ def _failure(proof: dict) -> str:
 
 
 def _export_files(model, description, staging: Path, folder: Path, options, progress) -> dict:
-    """The encoder's file and the decoder's, each through the pipeline, staged."""
+    """The encoder's file, the decoder's step and the cross-attention
+    projections (the decoder's first step), each through the pipeline,
+    staged in `PARTS` and merged into optimum's pair (`merged_decoder`)."""
     nothing = f"Nothing was placed: {folder} is as it was."
     parts = (
         ("encoder", ENCODER_FILE, seq2seq.encoder_model(model, description), "forward"),
         ("decoder", DECODER_FILE, model, "seq2seq-decoder"),
+        ("cross", DECODER_FILE, seq2seq.cross_model(model, description), "forward"),
     )
+    (staging / PARTS).mkdir()
     reports = {}
     for name, file, keras_model, task in parts:
         inner = replace(options, report_path=staging / f".{name}.json")
         try:
             part = pipeline.export_model(
-                keras_model, staging / file, inner, task=task, progress=progress
+                keras_model, staging / PARTS / PART_FILES[name], inner, task=task, progress=progress
             )
         except ValidationFailed as error:
             message = f"the {name} ({file}): {error.reason}. {nothing}"
@@ -441,7 +464,15 @@ def _export_files(model, description, staging: Path, folder: Path, options, prog
         (staging / f".{name}.json").unlink()
         part["onnx_path"] = str(folder / file)
         reports[name] = part
+    reports["merged"] = _merged(staging)
     return reports
+
+
+def _merged(where: Path) -> dict:
+    """`merged_decoder.merge` of the pair in `where/PARTS` into `where`."""
+    parts = where / PARTS
+    census = merged_decoder.merge(*(parts / name for name in PART_FILES.values()), where)
+    return {"file": DECODER_FILE, "branches": census}
 
 
 def export_folder(model, folder, options: ExportOptions, *, progress=None) -> dict:
@@ -479,7 +510,7 @@ def export_folder(model, folder, options: ExportOptions, *, progress=None) -> di
     >>> report["passed"], report["generation"]["ids"]["equal"]
     (True, True)
     >>> sorted(p.name for p in (tmp / "bart").iterdir() if not p.name.startswith("."))
-    ['decoder_with_past_model.onnx', 'encoder_model.onnx', 'report.json', 'seq2seq_config.json']
+    ['decoder_model_merged.onnx', 'encoder_model.onnx', 'report.json', 'seq2seq_config.json']
     """
     options = pipeline.checked_options(options)
     folder = _check(options, folder)
@@ -494,7 +525,10 @@ def export_folder(model, folder, options: ExportOptions, *, progress=None) -> di
     media = description.masks_itself
     preprocessor = None if media else getattr(model, "preprocessor", None)
     tokenizer_files = list(TOKENIZER_FILES) if preprocessor is not None else []
+    if _proto(preprocessor) is not None:
+        tokenizer_files.append(SENTENCEPIECE_FILE)
     files = [ENCODER_FILE, DECODER_FILE, CONFIG_FILE, REPORT_FILE, *tokenizer_files]
+    files += [transformers_config.CONFIG_FILE, transformers_config.GENERATION_FILE]
     kind = options.quantize
     folder_placement.check_names(folder, files, [kind] if kind else [])
     nothing = f"Nothing was placed: {folder} is as it was."
@@ -504,9 +538,10 @@ def export_folder(model, folder, options: ExportOptions, *, progress=None) -> di
         floats = replace(options, quantize=None, decoder_accuracy_level=ACCURACY_LEVEL)
         report.update(_export_files(model, description, staging, folder, floats, progress))
         if preprocessor is not None:
-            report["tokenizer"] = export_tokenizer(preprocessor, staging).report()
+            report["tokenizer"] = _tokenizer(preprocessor, staging)
         placement.write_json(config, staging / CONFIG_FILE)
         report["config"] = config
+        report["transformers"] = _transformers_files(model, special, staging)
         proof = prove_folder(model, staging, description, config, special, options)
         report["generation"] = proof
         report["passed"] = proof["passed"]
@@ -516,9 +551,40 @@ def export_folder(model, folder, options: ExportOptions, *, progress=None) -> di
             raise ValidationFailed(f"{reason}. {nothing}", report, reason)
         if kind:
             _gate(model, staging, folder, description, report, options)
+        shutil.rmtree(staging / PARTS)
         placement.write_json(report, staging / REPORT_FILE)
         folder_placement.place_folder(staging, folder)
     return report
+
+
+def _proto(preprocessor) -> bytes | None:
+    """A SentencePiece tokenizer's proto (None for another tokenizer)."""
+    proto = getattr(getattr(preprocessor, "tokenizer", None), "proto", None)
+    return proto if isinstance(proto, bytes) else None
+
+
+def _tokenizer(preprocessor, staging: Path) -> dict:
+    """The tokenizer files, proved (`export_tokenizer`), and a SentencePiece
+    tokenizer's proto itself, which `generate` encodes with: its report."""
+    report = export_tokenizer(preprocessor, staging).report()
+    proto = _proto(preprocessor)
+    if proto is not None:
+        (staging / SENTENCEPIECE_FILE).write_bytes(proto)
+        report["sentencepiece"] = SENTENCEPIECE_FILE
+    return report
+
+
+def _transformers_files(model, special: Special, staging: Path) -> dict:
+    """`config.json` and `generation_config.json` where the model has a
+    transformers architecture (`transformers_config`), for optimum's
+    `ORTModelForSeq2SeqLM`; else the reason, for the report."""
+    written = transformers_config.configs(model, special.start, special.end, special.pad)
+    if written.config is None:
+        return {"files": [], "why_not": written.why_not}
+    placement.write_json(written.config, staging / transformers_config.CONFIG_FILE)
+    placement.write_json(written.generation, staging / transformers_config.GENERATION_FILE)
+    names = [transformers_config.CONFIG_FILE, transformers_config.GENERATION_FILE]
+    return {"files": names, "model_type": written.config["model_type"]}
 
 
 def _gate(model, staging: Path, folder: Path, description, report: dict, options) -> None:
@@ -585,13 +651,18 @@ def quantized_folder(model, staging: Path, description, proof: dict, options) ->
     sub = staging / kind
     sub.mkdir()
     counts = 0
-    for name in (ENCODER_FILE, DECODER_FILE):
-        part = quantize_weights(staging / name, sub / name, kind, options.decoder_accuracy_level)
+    (sub / PARTS).mkdir()
+    for name in PART_FILES.values():
+        part = quantize_weights(
+            staging / PARTS / name, sub / PARTS / name, kind, options.decoder_accuracy_level
+        )
         counts += part["quantized"]
+    _merged(sub)
+    shutil.rmtree(sub / PARTS)
     for path in staging.iterdir():
         if path.is_file() and path.suffix == ".json" and path.name != REPORT_FILE:
             shutil.copy2(path, sub / path.name)
-    for name in TOKENIZER_FILES:
+    for name in (*TOKENIZER_FILES, SENTENCEPIECE_FILE):
         if (staging / name).is_file():
             shutil.copy2(staging / name, sub / name)
     ids = proof["ids"]

@@ -4,19 +4,22 @@ The folder (`seq2seq_folder` writes it) holds:
 
 - `encoder_model.onnx`: `input_ids` and `attention_mask` in (a speech
   model: `input_values`, a waveform; an image-prompted one: `images` too);
-  the encoder's `last_hidden_state` and each decoder layer's
-  cross-attention keys and values (`present.{i}.encoder.key/value`) out,
-  computed once per input, and, where the encoder's output is not its
-  input's length (speech frames, image queries), `encoder_attention_mask`,
-  the mask the decoder reads;
-- `decoder_with_past_model.onnx`: `input_ids`, `encoder_attention_mask` and
-  `past_key_values.{i}.decoder/encoder.key/value` in (the decoder's own past
-  growing, empty on the first call; the encoder's as the encoder returned
-  them); `logits` and `present.{i}.decoder.key/value` out;
+  the encoder's `last_hidden_state` out and, where the encoder's output is
+  not its input's length (speech frames, image queries),
+  `encoder_attention_mask`, the mask the decoder reads;
+- `decoder_model_merged.onnx` (optimum's, `merged_decoder`): `input_ids`,
+  `encoder_attention_mask`, `encoder_hidden_states`, `use_cache_branch` and
+  `past_key_values.{i}.decoder/encoder.key/value` in; `logits` and
+  `present.{i}.decoder/encoder.key/value` out. The first call (branch
+  false, every past empty) projects the encoder's output to each layer's
+  cross-attention keys and values and returns them; every later call (branch
+  true) is fed them back with its own past, which grows by the new tokens;
 - `seq2seq_config.json`: the sizes, the decoder's start tokens, the end and
   pad ids and the positions the model's tables hold (`Seq2SeqFolder`);
 - with a model saved with its preprocessor, `tokenizer.json` (its encoder's
-  framing inside: start and end tokens, truncation).
+  framing inside: start and end tokens, truncation) and, for a SentencePiece
+  tokenizer, `spiece.model`, the proto itself, which `generate` encodes and
+  decodes with (`SentencePieceText`).
 
 `generate` (the one of `keras_layers.export`, which hands such a folder to
 this module) takes what keras-hub's `Seq2SeqLM.generate` takes: text with a
@@ -48,8 +51,14 @@ from keras_layers.export.decoding import _said, _shown
 from keras_layers.export.errors import DecoderFileError
 
 ENCODER_FILE = "encoder_model.onnx"
-DECODER_FILE = "decoder_with_past_model.onnx"
+DECODER_FILE = "decoder_model_merged.onnx"
+# The encoder's output and the merged decoder's inputs that read it (optimum's names).
+HIDDEN_OUTPUT = "last_hidden_state"
+HIDDEN_INPUT = "encoder_hidden_states"
+BRANCH_INPUT = "use_cache_branch"
 CONFIG_FILE = "seq2seq_config.json"
+# A SentencePiece model's proto, by the name transformers' T5Tokenizer reads.
+SENTENCEPIECE_FILE = "spiece.model"
 FORMAT = "keras-layers seq2seq-lm"
 # The keys a dict of ids may hold: keras-hub's `Seq2SeqLM.generate` inputs.
 DICT_KEYS = (
@@ -258,28 +267,43 @@ class Seq2SeqFolder:
         self.encoder = _session(self.folder / ENCODER_FILE)
         self.decoder = _session(self.folder / DECODER_FILE)
         layers = range(self.settings.layers)
-        self.cross_names = [f"present.{i}.encoder.{k}" for i in layers for k in ("key", "value")]
         encoder_inputs = {value.name: value for value in self.encoder.get_inputs()}
         decoder_inputs = {value.name: value for value in self.decoder.get_inputs()}
         encoder_outputs = {value.name for value in self.encoder.get_outputs()}
+        decoder_outputs = {value.name for value in self.decoder.get_outputs()}
         self.input_name = "input_values" if self.settings.audio else "input_ids"
         self.mask_output = self.settings.masks_itself
         names = {self.input_name, "attention_mask", *(["images"] if self.settings.image else [])}
-        wanted = names <= set(encoder_inputs) and set(self.cross_names) <= encoder_outputs
-        past = [f"past_key_values.{i}.decoder.{k}" for i in layers for k in ("key", "value")]
-        if not wanted or not {"input_ids", "encoder_attention_mask", *past} <= set(decoder_inputs):
+        past = [
+            f"past_key_values.{i}.{side}.{k}"
+            for i in layers
+            for side in ("decoder", "encoder")
+            for k in ("key", "value")
+        ]
+        wanted = names <= set(encoder_inputs) and HIDDEN_OUTPUT in encoder_outputs
+        steps = {"input_ids", "encoder_attention_mask", HIDDEN_INPUT, BRANCH_INPUT, *past}
+        returned = {name.replace("past_key_values.", "present.") for name in past}
+        if not wanted or not steps <= set(decoder_inputs) or not returned <= decoder_outputs:
             raise DecoderFileError(
                 self.folder,
-                f"its files are not an encoder and a decoder with {self.settings.layers} layers' "
-                f"caches, as seq2seq_config.json says; {_AGAIN}",
+                f"its files are not an encoder and a merged decoder with {self.settings.layers} "
+                f"layers' caches, as seq2seq_config.json says; {_AGAIN}",
             )
         self.ids_dtype = decoding._numpy_dtype(
             decoder_inputs["input_ids"].type, "input_ids", self.folder / DECODER_FILE
         )
+        *_, heads, _, size = decoder_inputs[past[0]].shape
+        if not all(decoding._is_int(n) and n > 0 for n in (heads, size)):
+            raise DecoderFileError(
+                self.folder / DECODER_FILE,
+                f"its {past[0]} is {decoder_inputs[past[0]].shape}: not (batch, heads, "
+                f"length, head size) with fixed heads and head size; {_AGAIN}",
+            )
+        self.sizes = (self.settings.layers, int(heads), int(size))
 
     def encode(self, token_ids: np.ndarray, mask: np.ndarray) -> tuple:
-        """The encoder's cross-attention keys and values of a padded batch,
-        and the mask the decoder reads with them.
+        """The encoder's output for a padded batch, and the mask the decoder
+        reads with it.
 
         Args:
             token_ids: (batch, length) ids, or waveforms (batch, samples[,
@@ -288,10 +312,10 @@ class Seq2SeqFolder:
             mask: booleans (batch, length), True on tokens (or samples).
 
         Returns:
-            `(cross, mask)`: `2 * layers` arrays (batch, heads, length, head
-            size), key first; the decoder's `encoder_attention_mask` (int32),
-            `mask` itself or, for an audio or image-prompted encoder, the one
-            over its output that the encoder's file returns.
+            `(hidden, mask)`: `last_hidden_state` (batch, length, hidden);
+            the decoder's `encoder_attention_mask` (int32), `mask` itself or,
+            for an audio or image-prompted encoder, the one over its output
+            that the encoder's file returns.
         """
         feeds = {"attention_mask": mask.astype(np.int32)}
         if self.settings.image:
@@ -299,21 +323,21 @@ class Seq2SeqFolder:
         dtype = np.float32 if self.settings.audio else np.int32
         feeds[self.input_name] = token_ids.astype(dtype)
         if not self.mask_output:
-            return self.encoder.run(self.cross_names, feeds), mask.astype(np.int32)
-        *cross, frames = self.encoder.run([*self.cross_names, "encoder_attention_mask"], feeds)
-        return cross, frames
+            return self.encoder.run([HIDDEN_OUTPUT], feeds)[0], mask.astype(np.int32)
+        hidden, frames = self.encoder.run([HIDDEN_OUTPUT, "encoder_attention_mask"], feeds)
+        return hidden, frames
 
-    def stepper(self, cross: list, mask: np.ndarray):
-        """`decoder_stepper` on the folder's decoder.
+    def stepper(self, hidden: np.ndarray, mask: np.ndarray):
+        """`merged_stepper` on the folder's decoder.
 
         Args:
-            cross: `encode`'s keys and values.
+            hidden: `encode`'s output.
             mask: `encode`'s mask (batch, length).
 
         Returns:
             `step(token_ids) -> logits`.
         """
-        return decoder_stepper(self.decoder, cross, mask, self.ids_dtype)
+        return merged_stepper(self.decoder, hidden, mask, self.sizes, self.ids_dtype)
 
     def tokenizer(self):
         """The folder's `tokenizer.json`, read on the first call.
@@ -333,18 +357,117 @@ class Seq2SeqFolder:
                     f"text needs a tokenizer, and {self.folder} has no tokenizer.json (the "
                     "model was exported without its preprocessor); give token ids"
                 )
-            self._tokenizer = decoding._folder_tokenizer(path, truncate=True, again=_AGAIN)
+            framed = decoding._folder_tokenizer(path, truncate=True, again=_AGAIN)
+            model = self.folder / SENTENCEPIECE_FILE
+            self._tokenizer = SentencePieceText(model, framed) if model.is_file() else framed
         return self._tokenizer
 
 
-def decoder_stepper(session, cross: list, mask: np.ndarray, ids_dtype=np.int32):
-    """A function of a decoder file's new tokens giving their logits: its
-    own past kept inside (empty at first, then what each call returned), the
-    encoder's keys and values read from `cross` at every call.
+class _Encoded:
+    """What `encode` returns, as the tokenizers library's `Encoding` does."""
+
+    def __init__(self, ids: list):
+        self.ids = ids
+
+
+class SentencePieceText:
+    """A folder's SentencePiece model (`spiece.model`, the proto keras-hub's
+    tokenizer runs) framed as its `tokenizer.json` frames: the tokens of
+    keras-hub's own tokenizer, where `tokenizer.json`'s readers have known
+    gaps (a control token's literal text, the unigram lattice, the charsmap
+    per grapheme, ties; `docs/tokenizers.md`).
 
     Args:
-        session: an ONNX Runtime session on a decoder file (the names of
-            `--task seq2seq-lm`'s `decoder_with_past_model.onnx`).
+        path: the folder's `spiece.model`.
+        framed: its `tokenizer.json`, read by the tokenizers library, whose
+            start and end tokens and truncation are applied.
+
+    Raises:
+        DecoderFileError: the model cannot be read, or the framing is not a
+            prefix and a suffix around the text's ids.
+    """
+
+    def __init__(self, path: Path, framed):
+        import sentencepiece
+
+        try:
+            self._pieces = sentencepiece.SentencePieceProcessor(model_proto=path.read_bytes())
+        except Exception as error:  # noqa: BLE001 - the library's own error types
+            said = f"sentencepiece cannot read it ({_said(error)}); {_AGAIN}"
+            raise DecoderFileError(path, said) from error
+        self._framed = framed
+        bare = self._pieces.encode("a")
+        whole = framed.encode("a").ids
+        starts = [i for i in range(len(whole) - len(bare) + 1) if whole[i : i + len(bare)] == bare]
+        if not bare or not starts:
+            raise DecoderFileError(path, f"tokenizer.json does not frame its ids; {_AGAIN}")
+        self._prefix, self._suffix = whole[: starts[0]], whole[starts[0] + len(bare) :]
+        limit = (framed.truncation or {}).get("max_length")
+        self._room = None if limit is None else limit - len(self._prefix) - len(self._suffix)
+
+    def encode(self, text: str) -> _Encoded:
+        """`text`'s ids, framed and truncated as keras-hub's preprocessor does.
+
+        Args:
+            text: the text.
+
+        Returns:
+            Its ids, as `.ids`.
+        """
+        ids = self._pieces.encode(text)
+        if self._room is not None:
+            ids = ids[: max(self._room, 0)]
+        return _Encoded([*self._prefix, *ids, *self._suffix])
+
+    def decode(self, ids: list, skip_special_tokens: bool = True) -> str:
+        """The text of `ids` (SentencePiece drops its control tokens); ids
+        past the proto's pieces (a model's vocabulary may be larger, as T5's
+        32,128 over 32,000) by `tokenizer.json`, which holds them.
+
+        Args:
+            ids: token ids.
+            skip_special_tokens: passed to `tokenizer.json`'s reader.
+
+        Returns:
+            The text.
+        """
+        ids = [int(token) for token in ids]
+        if any(token >= self._pieces.get_piece_size() for token in ids):
+            return self._framed.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self._pieces.decode(ids)
+
+
+def _kv_names(layers: int, side: str) -> list[str]:
+    return [f"past_key_values.{i}.{side}.{k}" for i in range(layers) for k in ("key", "value")]
+
+
+def _present(names: list) -> list:
+    return [name.replace("past_key_values.", "present.") for name in names]
+
+
+def _own_past_stepper(session, fixed: dict, own: dict, ids_dtype):
+    """`step(token_ids) -> logits` feeding `fixed` and the decoder's own
+    past `own`, replaced by what each call returns."""
+    names = list(own)
+    outputs = ["logits", *_present(names)]
+
+    def step(token_ids):
+        feeds = {**fixed, **own, "input_ids": np.asarray(token_ids).astype(ids_dtype)}
+        logits, *present = session.run(outputs, feeds)
+        own.update(zip(names, present, strict=True))
+        return logits
+
+    return step
+
+
+def decoder_stepper(session, cross: list, mask: np.ndarray, ids_dtype=np.int32):
+    """A function of a decoder step file's new tokens giving their logits:
+    its own past kept inside (empty at first, then what each call returned),
+    the encoder's keys and values read from `cross` at every call.
+
+    Args:
+        session: an ONNX Runtime session on a decoder step file (the one
+            the pipeline proves, `seq2seq.trace_decoder`).
         cross: the encoder's keys and values, `2 * layers` arrays (batch,
             heads, encoder length, head size), key first.
         mask: the encoder's mask (batch, encoder length).
@@ -354,20 +477,46 @@ def decoder_stepper(session, cross: list, mask: np.ndarray, ids_dtype=np.int32):
         `step(token_ids) -> logits`.
     """
     layers, (batch, heads, _, size) = len(cross) // 2, cross[0].shape
-    kinds = ("key", "value")
-    empty = np.zeros((batch, heads, 0, size), cross[0].dtype)
-    own = {f"past_key_values.{i}.decoder.{k}": empty for i in range(layers) for k in kinds}
     fixed = {"encoder_attention_mask": mask.astype(np.int32)}
-    for i in range(layers):
-        for k, kind in enumerate(kinds):
-            fixed[f"past_key_values.{i}.encoder.{kind}"] = cross[2 * i + k]
-    names = list(own)
-    outputs = ["logits", *(name.replace("past_key_values.", "present.") for name in names)]
+    fixed.update(zip(_kv_names(layers, "encoder"), cross, strict=True))
+    empty = np.zeros((batch, heads, 0, size), cross[0].dtype)
+    own = dict.fromkeys(_kv_names(layers, "decoder"), empty)
+    return _own_past_stepper(session, fixed, own, ids_dtype)
+
+
+def merged_stepper(session, hidden: np.ndarray, mask: np.ndarray, sizes: tuple, ids_dtype):
+    """`decoder_stepper` on a merged decoder (`merged_decoder`): the first
+    call takes the `else` branch, which projects `hidden` to the keys and
+    values and returns them; every later call is fed them back.
+
+    Args:
+        session: an ONNX Runtime session on `decoder_model_merged.onnx`.
+        hidden: the encoder's output (batch, encoder length, hidden).
+        mask: the encoder's mask (batch, encoder length).
+        sizes: `(layers, heads, head size)`.
+        ids_dtype: the file's `input_ids` type.
+
+    Returns:
+        `step(token_ids) -> logits`.
+    """
+    layers, heads, size = sizes
+    empty = np.zeros((hidden.shape[0], heads, 0, size), hidden.dtype)
+    own_names, cross_names = _kv_names(layers, "decoder"), _kv_names(layers, "encoder")
+    fixed = {"encoder_attention_mask": mask.astype(np.int32), HIDDEN_INPUT: hidden}
+    later = []
 
     def step(token_ids):
-        feeds = {**fixed, **own, "input_ids": np.asarray(token_ids).astype(ids_dtype)}
+        if later:
+            return later[0](token_ids)
+        feeds = {**fixed, **dict.fromkeys([*own_names, *cross_names], empty)}
+        feeds["input_ids"] = np.asarray(token_ids).astype(ids_dtype)
+        feeds[BRANCH_INPUT] = np.array([False])
+        outputs = ["logits", *_present(own_names), *_present(cross_names)]
         logits, *present = session.run(outputs, feeds)
-        own.update(zip(names, present, strict=True))
+        fixed.update(zip(cross_names, present[2 * layers :], strict=True))
+        fixed[BRANCH_INPUT] = np.array([True])
+        own = dict(zip(own_names, present[: 2 * layers], strict=True))
+        later.append(_own_past_stepper(session, fixed, own, ids_dtype))
         return logits
 
     return step
@@ -562,7 +711,10 @@ def generate(folder, token_ids, max_new_tokens, padding_mask, end_token_id, pad_
         return tokens
     new_rows = [row[decoder.shape[1] :] for row in tokens.tolist()]
     path = model.folder / "tokenizer.json"
-    return decoding.decode_texts(tokenizer, path, new_rows, end, token_ids, "input", _AGAIN)
+    dropped = {*(settings.decoder_start_token_ids or ()), end, settings.pad_token_id}
+    return decoding.decode_texts(
+        tokenizer, path, new_rows, end, token_ids, "input", _AGAIN, dropped - {None}
+    )
 
 
 def _run(model, encoder, mask, decoder, decoder_mask, max_new_tokens, pick, end, pad):
