@@ -334,6 +334,27 @@ def export_plain(model, path: Path) -> None:
     onnx.save(proto, str(path))
 
 
+@contextlib.contextmanager
+def traceable_masks():
+    """transformers >= 4.53 builds attention masks with `torch.vmap`, which the
+    TorchScript exporter cannot trace (`RuntimeError: unordered_map::at` with
+    torch 2.13 and transformers 4.57); swap in optimum's vectorised mask builders
+    for the export, as optimum's own exporter does, and put the originals back."""
+    try:
+        from optimum.exporters.onnx import model_patcher
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
+    except ImportError:  # an older transformers: its masks trace as they are
+        yield
+        return
+    ALL_MASK_ATTENTION_FUNCTIONS.register("sdpa", model_patcher.sdpa_mask_without_vmap)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("eager", model_patcher.eager_mask_without_vmap)
+    try:
+        yield
+    finally:
+        ALL_MASK_ATTENTION_FUNCTIONS.register("sdpa", sdpa_mask)
+        ALL_MASK_ATTENTION_FUNCTIONS.register("eager", eager_mask)
+
+
 def export_torch(hf_model, kind: str, config: dict, path: Path) -> None:
     import torch
     from onnxruntime.transformers import optimizer
@@ -353,7 +374,7 @@ def export_torch(hf_model, kind: str, config: dict, path: Path) -> None:
     args = tuple(torch.tensor(values[ROLES[name]]) for name in names)
     raw = path.with_name(path.stem + ".raw.onnx")
     axes = {name: {0: "batch", 1: "sequence"} for name in [*names, "last_hidden_state"]}
-    with torch.no_grad():
+    with torch.no_grad(), traceable_masks():
         torch.onnx.export(
             Forward(hf_model),
             args,
