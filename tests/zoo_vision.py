@@ -38,13 +38,8 @@ import zoo_models
 
 SEED = zoo_models.SEED
 
-# The classes step 2 of the text rule skips: they pass step 1 (a vocabulary,
-# no sub-model required) but, built, read a float input. Step 2 needs every
-# text backbone built (about 20 s), too slow for the tests' collection, so the
-# outcome is kept here; test_zoo_vision.py's
-# `test_reads_media_is_what_the_text_rule_skips_once_built` (zoo tier) builds
-# them and fails when keras-hub adds or changes one.
-READS_MEDIA = ("MoonshineBackbone", "PaliGemmaBackbone", "VideoPrismBackbone", "WhisperBackbone")
+# Step 2 of the text rule's outcome (zoo_models.READS_MEDIA).
+READS_MEDIA = zoo_models.READS_MEDIA
 
 # Sizes by (normalised) argument name, over the text zoo's.
 TINY = {
