@@ -100,6 +100,16 @@ class Seq2Seq(EncoderInput):
     channels: int | None = None  # an audio input's last axis (None: (batch, samples))
     image_shape: tuple | None = None  # an image input's (height, width, channels)
     min_samples: int | None = None  # the fewest samples a waveform takes (one frame out)
+    max_samples: int | None = None  # the most it takes (a position table), None: unbounded
+
+    @property
+    def audio_lengths(self) -> tuple:
+        """The check's waveform lengths: `AUDIO_LENGTHS`, scaled down to
+        the most samples the encoder takes."""
+        longest = max(AUDIO_LENGTHS)
+        if self.max_samples is None or self.max_samples >= longest:
+            return AUDIO_LENGTHS
+        return tuple(max(1, n * self.max_samples // longest) for n in AUDIO_LENGTHS)
 
 
 def _refuse(model, why: str) -> UsageError:
@@ -134,6 +144,7 @@ class Adapter:
     """
 
     encoder_input = "ids"
+    max_samples = None  # the most samples (or frames) an audio encoder takes
 
     def __init__(self, model):
         self.model = model
@@ -310,6 +321,104 @@ class AudioEncoderCalls(Adapter):
                             encoder_token_ids, decoder_token_ids)  # fmt: skip
 
 
+class FeatureEncoderCalls(Adapter):
+    """keras-hub's Whisper (`WhisperBackbone`), which has no cached calls: its
+    encoder reads log-mel features (batch, frames, mels), a waveform of `mels`
+    channels here, attends to every frame (Whisper pads its audio to 30
+    seconds of silence and masks nothing, so the mask returned is all ones
+    over the frames its stride-2 convolution leaves), and holds at most
+    `max_encoder_sequence_length` frames (its position table). The decoder is
+    run as the backbone's functional graph runs it, layer by layer, with
+    keras-hub's `TransformerDecoder` caches (computed at cross index 0, read
+    at None), and the logits are the token embedding reversed (Whisper ties
+    its output projection to it).
+    """
+
+    encoder_input = "audio"
+
+    @property
+    def max_samples(self) -> int:
+        return int(self.model.max_encoder_sequence_length)
+
+    def call_encoder_with_mask(self, inputs, padding_mask):
+        """Whisper's encoder on features (batch, frames, mels).
+
+        Args:
+            inputs: the features.
+            padding_mask: read for its batch alone (Whisper masks no frame).
+
+        Returns:
+            `(hidden, mask)`, the mask all True over the output frames.
+        """
+        import keras
+        from keras import ops
+
+        backbone = self.model
+        x = keras.activations.gelu(backbone.encoder_conv_layer_1(inputs), approximate=False)
+        x = backbone.encoder_padder(x)
+        x = keras.activations.gelu(backbone.encoder_conv_layer_2(x), approximate=False)
+        x = backbone.encoder_embeddings_add((x, backbone.encoder_position_embedding(x)))
+        for layer in backbone.encoder_transformer_layers:
+            x = layer(x, training=False)
+        hidden = backbone.encoder_layer_norm(x)
+        return hidden, ops.ones(ops.shape(hidden)[:2], "bool")
+
+    def _decode(self, hidden, mask, ids, own, index, cross, computed) -> tuple:
+        from keras import ops
+
+        backbone = self.model
+        x = backbone.decoder_embeddings(ids, start_index=index)
+        owns, crosses = [], []
+        for i, layer in enumerate(backbone.decoder_transformer_layers):
+            x, layer_own, layer_cross = layer(
+                decoder_sequence=x,
+                encoder_sequence=hidden,
+                encoder_padding_mask=mask,
+                self_attention_cache=own[:, i, ...],
+                self_attention_cache_update_index=index,
+                cross_attention_cache=cross[:, i, ...],
+                cross_attention_cache_update_index=0 if computed else None,
+                training=False,
+            )
+            owns.append(layer_own)
+            crosses.append(layer_cross)
+        states = backbone.decoder_layer_norm(x)
+        logits = backbone.token_embedding(states, reverse=True)
+        return logits, states, ops.stack(owns, axis=1), ops.stack(crosses, axis=1)
+
+    def forward_logits(self, inputs, token_ids):
+        """The backbone's own forward pass (no cache, none of this class's
+        calls): the logits at every position of `token_ids`.
+
+        Args:
+            inputs: features (batch, frames, mels).
+            token_ids: the decoder's tokens (batch, n).
+
+        Returns:
+            The logits (batch, n, vocabulary).
+        """
+        from keras import ops
+
+        outputs = self.model(
+            {
+                "encoder_features": ops.convert_to_tensor(inputs),
+                "decoder_token_ids": ops.convert_to_tensor(token_ids),
+                "decoder_padding_mask": ops.ones_like(ops.convert_to_tensor(token_ids)),
+            },
+            training=False,
+        )
+        return self.model.token_embedding(outputs["decoder_sequence_output"], reverse=True)
+
+    def _initialize_cache(self, encoder_token_ids, decoder_token_ids):
+        """Both caches, zero; `encoder_token_ids` stands for the encoder's
+        output frames (its shape is what is read)."""
+        backbone = self.model
+        heads = backbone.num_heads
+        sizes = (heads, backbone.hidden_dim // heads)
+        return _zero_caches(self.model, backbone.num_layers, sizes, encoder_token_ids,
+                            decoder_token_ids)  # fmt: skip
+
+
 class ImagePromptCalls(Adapter):
     """keras-hub's BLIP-2 (`BLIP2Seq2SeqLM`): `call_encoder(
     encoder_token_ids, encoder_padding_mask, images)` prepends the image's
@@ -375,6 +484,14 @@ def encoder_outputs(calls, inputs, padding_mask) -> tuple:
     return calls.call_encoder(inputs, padding_mask), padding_mask
 
 
+def _is_whisper(model) -> bool:
+    """keras-hub's `WhisperBackbone` (or a subclass): its layers by name."""
+    return all(
+        hasattr(model, name)
+        for name in ("encoder_conv_layer_2", "encoder_padder", "decoder_transformer_layers")
+    )
+
+
 def protocol(model):
     """`model` itself when its methods are the protocol's; `TupleCaches`
     over it when they are T5Gemma's form, `AudioEncoderCalls` when Moonshine's,
@@ -386,6 +503,8 @@ def protocol(model):
     Returns:
         An object with the protocol's three methods (`describe` checks them).
     """
+    if _is_whisper(model):
+        return FeatureEncoderCalls(model)
     method = getattr(model, "call_decoder_with_cache", None)
     if not callable(method) or not callable(getattr(model, "call_encoder", None)):
         return model
@@ -430,7 +549,8 @@ def describe(model) -> Seq2Seq:
     audio = kind == "audio"
     channels = _audio_channels(model) if audio else None
     image_shape = _image_shape(model) if kind == "image" else None
-    ids, mask = _probe(kind, channels, image_shape)
+    longest = getattr(calls, "max_samples", None)
+    ids, mask = _probe(kind, channels, image_shape, longest)
     what = {"audio": f"a {mask.shape[1]}-sample waveform", "image": "an image and 3 tokens"}
     what = what.get(kind, "a 3-token input")
     try:
@@ -465,6 +585,7 @@ def describe(model) -> Seq2Seq:
         channels=channels,
         image_shape=image_shape,
         min_samples=_fewest_samples(calls, channels) if audio else None,
+        max_samples=longest,
     )
 
 
@@ -497,10 +618,12 @@ def _fewest_samples(calls, channels: int | None) -> int:
 
 def _audio_channels(model) -> int | None:
     """An audio encoder's last input axis (1 for Moonshine's (batch, samples,
-    1)), read from the backbone's waveform input; None for (batch, samples)."""
+    1), the mels of Whisper's features (batch, frames, mels)), read from the
+    backbone's audio input; None for (batch, samples)."""
     backbone = getattr(model, "backbone", model)
     inputs = getattr(backbone, "input", None)
-    values = inputs.get("encoder_input_values") if isinstance(inputs, dict) else None
+    inputs = inputs if isinstance(inputs, dict) else {}
+    values = inputs.get("encoder_input_values", inputs.get("encoder_features"))
     shape = tuple(values.shape) if values is not None else (None, None, 1)
     return shape[2] if len(shape) == 3 else None
 
@@ -517,7 +640,7 @@ def _image_shape(model) -> tuple:
     return shape
 
 
-def _probe(kind: str, channels: int | None, image_shape: tuple | None) -> tuple:
+def _probe(kind: str, channels: int | None, image_shape: tuple | None, longest=None) -> tuple:
     """`describe`'s input: 3 token ids (with an image), or the longest
     waveform of the check."""
     from keras import ops
@@ -528,7 +651,7 @@ def _probe(kind: str, channels: int | None, image_shape: tuple | None) -> tuple:
         return (ids, ops.convert_to_tensor(image)), ops.ones((1, 3), "int32")
     if kind != "audio":
         return ops.ones((1, 3), "int32"), ops.ones((1, 3), "bool")
-    samples = max(AUDIO_LENGTHS)
+    samples = min(max(AUDIO_LENGTHS), longest or max(AUDIO_LENGTHS))
     shape = (1, samples) if channels is None else (1, samples, channels)
     values = np.random.default_rng(0).uniform(-1, 1, shape).astype("float32")
     return ops.convert_to_tensor(values), ops.ones((1, samples), "bool")
@@ -846,7 +969,7 @@ class DecoderReference:
 def _encoder_inputs(description: Seq2Seq, rng) -> tuple:
     """The check's encoder inputs, right-padded: ids of `ENCODER_LENGTHS`
     tokens, or waveforms of `AUDIO_LENGTHS` samples, and their mask."""
-    lengths = np.array(AUDIO_LENGTHS if description.audio else ENCODER_LENGTHS)
+    lengths = np.array(description.audio_lengths if description.audio else ENCODER_LENGTHS)
     mask = (np.arange(lengths.max()) < lengths[:, None]).astype("int32")
     if description.audio:
         shape = mask.shape if description.channels is None else (*mask.shape, description.channels)

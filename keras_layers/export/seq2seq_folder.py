@@ -35,6 +35,7 @@ from keras_layers.export import (
     seq2seq,
     transformers_config,
     validating,
+    whisper_folder,
 )
 from keras_layers.export.decoder_gate import agreement
 from keras_layers.export.errors import ExportError, UsageError, ValidationFailed, argument
@@ -208,7 +209,7 @@ def folder_config(model, description: seq2seq.Seq2Seq, special: Special) -> dict
         "decoder_start_token_ids": None if special.start is None else list(special.start),
         "end_token_id": special.end,
         "pad_token_id": special.pad,
-        "max_encoder_length": None if description.audio else limit,
+        "max_encoder_length": description.max_samples if description.audio else limit,
         "max_decoder_length": limit,
         "positions_from": source,
         "encoder_input": description.encoder_input,
@@ -272,6 +273,10 @@ def protocol_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, 
     cache carried between steps: at each step the decoder runs on every
     token so far from fresh caches (index 0), and the last position's
     argmax is appended. The folder's cached steps must give the same tokens.
+    Where the protocol is ours over a model with no cached calls of its own
+    (`seq2seq.FeatureEncoderCalls`, Whisper), each step is the model's own
+    forward pass instead (its `forward_logits`), so the adapter the folder's
+    files were traced through is held to code it did not write.
 
     Args:
         model: the encoder-decoder (`call_encoder`, `call_decoder_with_cache`,
@@ -291,10 +296,16 @@ def protocol_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, 
     inputs = encoder_ids
     if not isinstance(inputs, tuple) and inputs.dtype.kind != "f":
         inputs = inputs.astype("int32")
-    hidden, mask = seq2seq.encoder_outputs(seq2seq.protocol(model), inputs, mask)
+    calls = seq2seq.protocol(model)
+    forward = getattr(calls, "forward_logits", None)
+    if forward is None:
+        hidden, mask = seq2seq.encoder_outputs(calls, inputs, mask)
     tokens = np.asarray(prompts, "int32")
     for _ in range(new_tokens):
-        logits = seq2seq._first_step(model, hidden, mask, ops.convert_to_tensor(tokens))[0]
+        if forward is not None:
+            logits = forward(inputs, tokens)
+        else:
+            logits = seq2seq._first_step(model, hidden, mask, ops.convert_to_tensor(tokens))[0]
         last = np.argmax(ops.convert_to_numpy(logits)[:, -1], axis=-1).astype("int32")
         tokens = np.concatenate([tokens, last[:, None]], axis=1)
     return [_until_end(row[prompts.shape[1] :], end) for row in tokens]
@@ -393,6 +404,7 @@ def prove_folder(
         feeds[key], feeds["images"] = ids
     tokens = generate(staged, feeds, new, end_token_id=special.end)
     got = [_until_end(row[len(start) :], special.end) for row in tokens]
+    genai = staged / whisper_folder.FOLDER
     result = {
         "composed": composed(model, staged, description, options),
         "ids": {
@@ -405,6 +417,10 @@ def prove_folder(
             "equal": got == expected,
         },
     }
+    if genai.is_dir() and _genai_installed():  # genai itself, on the same features and prompts
+        rows = whisper_folder.genai_tokens(genai, ids, prompts, new)
+        onnx = [_until_end(row, special.end) for row in rows]
+        result["genai"] = {"keras": expected, "onnx": onnx, "equal": onnx == expected}
     if (staged / "tokenizer.json").is_file():
         keras_texts = _keras_text(model, PROOF_TEXTS, len(start) + new)
         onnx_texts = generate(staged, list(PROOF_TEXTS), new)
@@ -524,13 +540,10 @@ def export_folder(model, folder, options: ExportOptions, *, progress=None) -> di
     # is not the folder's input (generate takes waveforms or images and ids).
     media = description.masks_itself
     preprocessor = None if media else getattr(model, "preprocessor", None)
-    tokenizer_files = list(TOKENIZER_FILES) if preprocessor is not None else []
-    if _proto(preprocessor) is not None:
-        tokenizer_files.append(SENTENCEPIECE_FILE)
-    files = [ENCODER_FILE, DECODER_FILE, CONFIG_FILE, REPORT_FILE, *tokenizer_files]
-    files += [transformers_config.CONFIG_FILE, transformers_config.GENERATION_FILE]
+    files = _file_names(preprocessor)
     kind = options.quantize
-    folder_placement.check_names(folder, files, [kind] if kind else [])
+    genai = [whisper_folder.FOLDER] if whisper_folder.why_not(description) is None else []
+    folder_placement.check_names(folder, files, ([kind] if kind else []) + genai)
     nothing = f"Nothing was placed: {folder} is as it was."
     report = {"task": "seq2seq-lm", "folder": str(folder)}
     with folder_placement.staging(folder) as staging:
@@ -542,9 +555,12 @@ def export_folder(model, folder, options: ExportOptions, *, progress=None) -> di
         placement.write_json(config, staging / CONFIG_FILE)
         report["config"] = config
         report["transformers"] = _transformers_files(model, special, staging)
+        report["genai"] = _genai_folder(staging, description, special, config)
         proof = prove_folder(model, staging, description, config, special, options)
         report["generation"] = proof
         report["passed"] = proof["passed"]
+        if genai:  # without onnxruntime-genai installed, its folder is written unproved
+            report["genai"]["proved_in_genai"] = "genai" in proof
         report["report_path"] = str(folder / REPORT_FILE)
         if not proof["passed"]:
             reason = _failure(proof)
@@ -555,6 +571,41 @@ def export_folder(model, folder, options: ExportOptions, *, progress=None) -> di
         placement.write_json(report, staging / REPORT_FILE)
         folder_placement.place_folder(staging, folder)
     return report
+
+
+def _genai_folder(staging: Path, description, special: Special, config: dict) -> dict:
+    """onnxruntime-genai's whisper folder (`whisper_folder`) from the staged
+    parts where the model is Whisper-shaped, else why not."""
+    why = whisper_folder.why_not(description)
+    if why is not None:
+        return {"written": False, "why_not": why}
+    parts = staging / PARTS
+    written = whisper_folder.write(
+        parts / PART_FILES["encoder"],
+        parts / PART_FILES["decoder"],
+        staging / whisper_folder.FOLDER,
+        description,
+        special,
+        config["max_decoder_length"] or whisper_folder.FRAMES,
+    )
+    return {"written": True, **written}
+
+
+def _file_names(preprocessor) -> list:
+    """The files the folder may receive (the tokenizer's with a preprocessor)."""
+    tokenizer_files = list(TOKENIZER_FILES) if preprocessor is not None else []
+    if _proto(preprocessor) is not None:
+        tokenizer_files.append(SENTENCEPIECE_FILE)
+    files = [ENCODER_FILE, DECODER_FILE, CONFIG_FILE, REPORT_FILE, *tokenizer_files]
+    return files + [transformers_config.CONFIG_FILE, transformers_config.GENERATION_FILE]
+
+
+def _genai_installed() -> bool:
+    try:
+        import onnxruntime_genai  # noqa: F401 - the genai extra
+    except ImportError:
+        return False
+    return True
 
 
 def _proto(preprocessor) -> bytes | None:

@@ -532,10 +532,10 @@ def _check_within(name: str, ids: np.ndarray, mask: np.ndarray, vocabulary: int)
         )
 
 
-def _check_length(name: str, length: int, limit: int | None) -> None:
+def _check_length(name: str, length: int, limit: int | None, unit: str = "tokens") -> None:
     if limit is not None and length > limit:
         raise ValueError(
-            f"{name}: {length} tokens, but the model's position table holds {limit}; "
+            f"{name}: {length} {unit}, but the model's position table holds {limit}; "
             "give a shorter input or fewer max_new_tokens"
         )
 
@@ -699,7 +699,9 @@ def generate(folder, token_ids, max_new_tokens, padding_mask, end_token_id, pad_
     if not settings.audio:
         ids = encoder[0] if settings.image else encoder
         _check_within("encoder_token_ids", ids, mask, settings.vocabulary)
-        _check_length("the encoder's input", ids.shape[1], settings.max_encoder_length)
+    length = (encoder[0] if settings.image else encoder).shape[1]
+    unit = "samples (or frames)" if settings.audio else "tokens"
+    _check_length("the encoder's input", length, settings.max_encoder_length, unit)
     _check_within("decoder_token_ids", decoder, decoder_mask, settings.vocabulary)
     total = int(decoder_mask.sum(axis=1).max()) + int(max_new_tokens)
     named = f"the decoder's prompt and max_new_tokens={max_new_tokens}"
