@@ -20,6 +20,7 @@ from tests import zoo_models
 
 pytestmark = [
     pytest.mark.tensorflow_only,  # the export pipeline runs on TensorFlow
+    pytest.mark.zoo,  # a zoo model's folders (a minute): the zoo tier runs them
     pytest.mark.xdist_group("seq2seq_whisper"),  # module fixtures: one worker (loadgroup)
 ]
 
@@ -138,7 +139,6 @@ def test_more_frames_than_the_encoder_table_is_a_value_error_naming_the_limit(fo
         generate(path, {**inputs, "decoder_token_ids": np.array(PROMPT[:2], "int32")}, 2)
 
 
-@pytest.mark.zoo  # one more export each (the zoo tier runs them)
 def test_a_genai_decoder_that_prefers_a_token_fails_the_proof_and_places_nothing(
     whisper, tmp_path, monkeypatch
 ):
@@ -170,10 +170,25 @@ def test_a_genai_decoder_that_prefers_a_token_fails_the_proof_and_places_nothing
     assert not target.exists()
 
 
-@pytest.mark.zoo  # one more export each (the zoo tier runs them)
 def test_an_encoder_of_another_length_gets_no_genai_folder_and_says_why(tmp_path):
     report = export_model(_whisper(64), f"{tmp_path / 'short'}/", task="seq2seq-lm")
     assert report["passed"] and "genai" not in report["generation"]
     assert report["genai"]["written"] is False
     assert "exactly 3000 feature frames" in report["genai"]["why_not"]
     assert not (tmp_path / "short" / "genai").exists()
+
+
+def test_the_command_line_exports_a_saved_whisper_and_says_genai_ran_it(
+    whisper, tmp_path, capsys, monkeypatch
+):
+    """A `.keras` file, as a user has one: loaded, recognised as Whisper by
+    its layers, exported with its genai folder, which the command reports."""
+    from keras_layers.export import cli
+
+    monkeypatch.setenv("COLUMNS", "1000")  # rich folds long paths mid-word at its width
+    path = tmp_path / "whisper.keras"
+    whisper.save(path)
+    assert cli.main([str(path), "--task", "seq2seq-lm", "-o", f"{tmp_path}/out/"]) == 0
+    said = capsys.readouterr().out
+    assert "genai/ (whisper), its greedy tokens = keras-hub's, run in onnxruntime-genai" in said
+    assert (tmp_path / "out" / "genai" / whisper_folder.CONFIG).is_file()

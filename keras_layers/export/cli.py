@@ -776,6 +776,14 @@ def _print_seq2seq(report: dict, seconds: float, console) -> None:
     if "text" in proof:
         said += f" and on {len(proof['text']['inputs'])} texts"
     console.print(f"[green]folder[/]: the files together match Keras' cached calls; {said}")
+    genai = report.get("genai", {})
+    if genai.get("written"):
+        how = (
+            "its greedy tokens = keras-hub's, run in onnxruntime-genai"
+            if genai.get("proved_in_genai")
+            else "not run: onnxruntime-genai is not installed (the genai extra)"
+        )
+        console.print(f"[green]genai[/]: {escape(report['folder'])}/genai/ (whisper), {how}")
     for kind, gate in report.get("quantized", {}).items():
         console.print(
             f"[green]{kind}[/]: {escape(report['folder'])}/{kind}/ greedy agreement "

@@ -31,6 +31,7 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
+from keras_layers.export.graph.weights import save_in_memory
 from keras_layers.export.seq2seq_generation import (
     BRANCH_INPUT,
     DECODER_FILE,
@@ -41,8 +42,6 @@ from keras_layers.export.seq2seq_generation import (
 # Prefixes of each branch's own names (a branch may not reuse an outer name).
 PAST, FIRST, CROSS = "with_past/", "first_step/", "cross/"
 ENCODER_AXIS = "encoder_sequence"  # as `seq2seq.decoder_inputs` names it
-# Weights past this many bytes go to a data file beside the graph (protobuf's 2 GB).
-INLINE_LIMIT = 1_800_000_000
 
 
 def _live(graph) -> None:
@@ -108,17 +107,6 @@ def _empty_like(info, name: str):
     kind = info.type.tensor_type.elem_type
     value = helper.make_tensor(name, kind, dims, [])
     return helper.make_node("Constant", [], [name], name=name, value=value)
-
-
-def _save(proto, path: Path) -> None:
-    external = sum(init.ByteSize() for init in proto.graph.initializer) > INLINE_LIMIT
-    onnx.save(
-        proto,
-        str(path),
-        save_as_external_data=external,
-        all_tensors_to_one_file=True,
-        location=f"{path.name}.data",
-    )
 
 
 def _merged_graph(graph, projection: list, cross: list, hidden, weights: list):
@@ -206,8 +194,8 @@ def merge(encoder_path, decoder_path, cross_path, folder) -> dict:
     )
     model.ir_version = decoder.ir_version
     folder = Path(folder)
-    _save(encoder, folder / ENCODER_FILE)
-    _save(model, folder / DECODER_FILE)
+    save_in_memory(encoder, folder / ENCODER_FILE)
+    save_in_memory(model, folder / DECODER_FILE)
     return branch_census(model)
 
 

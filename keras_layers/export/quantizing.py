@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from keras_layers.export.graph.weights import save_in_memory
 from keras_layers.export.options import ACCURACY_LEVEL
 from keras_layers.export.slimming import deduplicate_initializers
 
@@ -450,14 +451,7 @@ def quantize_weights(source, target, kind: str, accuracy_level: int = ACCURACY_L
         log.setLevel(level)
     result = quantizer.model.model
     count = sum(node.op_type == "MatMulNBits" for node in result.graph.node)
-    external = sum(len(init.raw_data) for init in result.graph.initializer) > 1_800_000_000
-    onnx.save(
-        result,
-        str(target),
-        save_as_external_data=external,
-        all_tensors_to_one_file=True,
-        location=f"{Path(target).name}.data",
-    )
+    save_in_memory(result, target)
     return summary(kind, accuracy_level, count)
 
 

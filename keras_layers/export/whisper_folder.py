@@ -31,7 +31,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from keras_layers.export.merged_decoder import _live, _renamed_info, _save
+from keras_layers.export.graph.walk import remove_dead_nodes, rename_reads
+from keras_layers.export.graph.weights import save_in_memory
 
 FOLDER = "genai"  # the subfolder of the seq2seq folder that genai runs
 ENCODER, DECODER, CONFIG = "encoder.onnx", "decoder.onnx", "genai_config.json"
@@ -68,16 +69,13 @@ def why_not(description) -> str | None:
 
 
 def _rename(graph, renames: dict) -> None:
-    """Rename values everywhere in `graph` (its nodes, inputs and outputs)."""
+    """Rename values of `graph`: where they are made (nodes, inputs), read
+    (`walk.rename_reads`, subgraphs too) and returned."""
     for node in graph.node:
-        for names in (node.input, node.output):
-            for index, name in enumerate(names):
-                if name in renames:
-                    names[index] = renames[name]
-    for infos in (graph.input, graph.output):
-        for index, info in enumerate(infos):
-            if info.name in renames:
-                infos[index].CopyFrom(_renamed_info(info, renames[info.name]))
+        node.output[:] = [renames.get(name, name) for name in node.output]
+    for info in (*graph.input, *graph.output):
+        info.name = renames.get(info.name, info.name)
+    rename_reads(graph, renames)
 
 
 def _replace_input(graph, name: str, nodes: list) -> None:
@@ -91,10 +89,8 @@ def _replace_input(graph, name: str, nodes: list) -> None:
 
 def _ones(name: str, source: str, axes: tuple, kind: int) -> list:
     """Nodes computing `name`, ones of `kind`, shaped as `source`'s `axes`."""
-    shape = f"{name}/shape"
     pieces = [f"{name}/axis{axis}" for axis in axes]
-    nodes = [helper.make_node("Shape", [source], [shape], name=shape)]
-    nodes += [
+    nodes = [
         helper.make_node("Shape", [source], [piece], name=piece, start=axis, end=axis + 1)
         for piece, axis in zip(pieces, axes, strict=True)
     ]
@@ -103,19 +99,22 @@ def _ones(name: str, source: str, axes: tuple, kind: int) -> list:
     nodes.append(
         helper.make_node("ConstantOfShape", [f"{name}/dims"], [name], name=name, value=one)
     )
-    return nodes[1:]
+    return nodes
 
 
 def _cache_names(layers: int, optimum: str, genai: tuple) -> dict:
-    """optimum's `{prefix}.{i}.{optimum}.key/value` names to genai's."""
-    renames = {}
-    for i in range(layers):
-        for kind, template in zip(("key", "value"), genai, strict=True):
-            renames[f"past_key_values.{i}.{optimum}.{kind}"] = template % i
-    return renames
+    """optimum's cache names (`optimum` formatted with `i` and `kind`) to
+    genai's (`genai`: its key and its value template, by layer)."""
+    return {
+        optimum.format(i=i, kind=kind): template % i
+        for i in range(layers)
+        for kind, template in zip(("key", "value"), genai, strict=True)
+    }
 
 
 def _encoder(path: Path, layers: int, mels: int):
+    """The staged encoder as genai's: `audio_features` (batch, mels, 3000)
+    transposed in, the samples' mask ones, the frames' mask no longer returned."""
     model = onnx.load(str(path))
     graph = model.graph
     kind = {info.name: info.type.tensor_type.elem_type for info in graph.input}
@@ -134,38 +133,34 @@ def _encoder(path: Path, layers: int, mels: int):
     del graph.output[:]
     graph.output.extend(outputs)
     renames = {"last_hidden_state": HIDDEN}
-    for i in range(layers):
-        for kind_name, template in zip(("key", "value"), CROSS_PRESENT, strict=True):
-            renames[f"present.{i}.encoder.{kind_name}"] = template % i
+    renames.update(_cache_names(layers, "present.{i}.encoder.{kind}", CROSS_PRESENT))
     _rename(graph, renames)
-    _live(graph)
+    remove_dead_nodes(model)
     return model
 
 
 def _decoder(path: Path, layers: int):
+    """The staged decoder step as genai's: its caches renamed, the encoder
+    mask ones over the cross keys' frames, int32 ids."""
     model = onnx.load(str(path))
     graph = model.graph
     kind = {info.name: info.type.tensor_type.elem_type for info in graph.input}
     renames = {
-        **_cache_names(layers, "decoder", SELF_PAST),
-        **_cache_names(layers, "encoder", CROSS_PAST),
+        **_cache_names(layers, "past_key_values.{i}.decoder.{kind}", SELF_PAST),
+        **_cache_names(layers, "past_key_values.{i}.encoder.{kind}", CROSS_PAST),
+        **_cache_names(layers, "present.{i}.decoder.{kind}", SELF_PRESENT),
     }
-    for i in range(layers):
-        for kind_name, template in zip(("key", "value"), SELF_PRESENT, strict=True):
-            renames[f"present.{i}.decoder.{kind_name}"] = template % i
     _rename(graph, renames)
     mask = _ones(
         "encoder_attention_mask", CROSS_PAST[0] % 0, (0, 2), kind["encoder_attention_mask"]
     )
     _replace_input(graph, "encoder_attention_mask", mask)
-    if kind["input_ids"] != TensorProto.INT32:  # genai feeds int32 ids
-        graph.input[
-            [i.name for i in graph.input].index("input_ids")
-        ].type.tensor_type.elem_type = TensorProto.INT32
-        _rename(graph, {"input_ids": "input_ids/int32"})
-        graph.node.insert(
-            0, helper.make_node("Cast", ["input_ids/int32"], ["input_ids"], to=kind["input_ids"])
-        )
+    if kind["input_ids"] != TensorProto.INT32:  # genai feeds int32 ids: cast them
+        ids = next(info for info in graph.input if info.name == "input_ids")
+        ids.type.tensor_type.elem_type = TensorProto.INT32
+        ids.name = "input_ids/int32"  # the graph's reads keep "input_ids", the cast's output
+        cast = helper.make_node("Cast", [ids.name], ["input_ids"], to=kind["input_ids"])
+        graph.node.insert(0, cast)
     return model
 
 
@@ -251,8 +246,9 @@ def write(
         `{"folder", "files"}`.
     """
     target.mkdir()
-    _save(_encoder(encoder_path, description.layers, description.channels), target / ENCODER)
-    _save(_decoder(decoder_path, description.layers), target / DECODER)
+    encoder = _encoder(encoder_path, description.layers, description.channels)
+    save_in_memory(encoder, target / ENCODER)
+    save_in_memory(_decoder(decoder_path, description.layers), target / DECODER)
     settings = config(description, special, max_length)
     (target / CONFIG).write_text(json.dumps(settings, indent=2) + "\n")
     return {"folder": target.name, "files": sorted(path.name for path in target.iterdir())}

@@ -26,6 +26,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 EXTERNAL_MIN_BYTES = 1024
 DATA_ALIGNMENT = 1 << 16
+# Weights past this many bytes go to a data file beside the graph (protobuf's 2 GB).
+INLINE_LIMIT = 1_800_000_000
 
 
 def is_external(tensor) -> bool:
@@ -391,3 +393,22 @@ def save(proto, folder: Path | None, path: Path, data_path: Path | None = None) 
         _save_one_file(proto, folder, path)
         return None
     return _save_with_data(proto, folder, path, data_path)
+
+
+def save_in_memory(proto, path: Path) -> None:
+    """Save a proto whose tensors are all in memory (loaded whole, or built):
+    one file, or past `INLINE_LIMIT` bytes of weights a graph and one data
+    file beside it (`{name}.data`).
+
+    Args:
+        proto: the ModelProto.
+        path: the file to write.
+    """
+    external = sum(init.ByteSize() for init in proto.graph.initializer) > INLINE_LIMIT
+    onnx.save(
+        proto,
+        str(path),
+        save_as_external_data=external,
+        all_tensors_to_one_file=True,
+        location=f"{Path(path).name}.data",
+    )
