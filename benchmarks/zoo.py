@@ -217,14 +217,21 @@ def seq2seq_folder(model, folder: Path) -> dict:
             return found
     else:
         found = {"passed": True, "exit_code": 0, "error": None}
-    ids = report["generation"]["ids"]
-    equal = sum(k == o for k, o in zip(ids["keras"], ids["onnx"], strict=True))
-    return found | {
+    ids, genai = report["generation"]["ids"], report["generation"].get("genai")
+    found |= {
         "seconds": round(time.perf_counter() - start, 1),
         "decoder_max_abs_diff": max(c["max_abs_diff"] for c in report["decoder"]["checks"]),
-        "greedy_rows": [equal, len(ids["keras"])],
+        "greedy_rows": [_rows_equal(ids), len(ids["keras"])],
         "new_tokens": ids["new_tokens"],
+        "reference": ids["reference"],
     }
+    if genai is not None:  # onnxruntime-genai ran the folder's genai/ files
+        found["genai_rows"] = [_rows_equal(genai), len(genai["keras"])]
+    return found
+
+
+def _rows_equal(ids: dict) -> int:
+    return sum(k == o for k, o in zip(ids["keras"], ids["onnx"], strict=True))
 
 
 def _seq2seq_cell(row: dict) -> str:
@@ -236,10 +243,13 @@ def _seq2seq_cell(row: dict) -> str:
         why = found["error"].split("--task seq2seq-lm: ", 1)[-1].removeprefix("UsageError: ")
         return f"not exported (exit {found['exit_code']}): {why}"[:200].replace("|", "/")
     equal, rows = found["greedy_rows"]
+    reference = found.get("reference", "keras-hub's generate_step")
     cell = (
         f"decoder steps max abs diff {found['decoder_max_abs_diff']:.1e}, "
-        f"greedy {equal}/{rows} rows x {found['new_tokens']} tokens = keras-hub's"
+        f"greedy {equal}/{rows} rows x {found['new_tokens']} tokens = {reference}"
     )
+    if "genai_rows" in found:
+        cell += ", in onnxruntime-genai {}/{} rows".format(*found["genai_rows"])
     return cell if found["passed"] else f"failed: {cell}"
 
 

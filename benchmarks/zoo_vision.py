@@ -87,11 +87,19 @@ def run_model(entry, folder: Path) -> dict:
             row["error"] = zoo._one_line(caught)
     if entry.name in zoo_vision.PARTS:
         row["parts"] = _parts_row(model, folder / f"{entry.name}.parts", entry.name)
-    import keras_hub
-
-    if isinstance(model, keras_hub.models.Seq2SeqLM):  # speech and image to text
+    if _generates(model):  # speech and image to text
         row["seq2seq"] = zoo.seq2seq_folder(model, folder / f"{entry.name}_seq2seq")
     return row
+
+
+def _generates(model) -> bool:
+    """A keras-hub `Seq2SeqLM`, or an encoder-decoder whose calls `--task
+    seq2seq-lm` adapts itself (`WhisperBackbone`, which has no `generate`)."""
+    import keras_hub
+
+    from keras_layers.export import seq2seq
+
+    return isinstance(model, keras_hub.models.Seq2SeqLM) or seq2seq.protocol(model) is not model
 
 
 def _parts_row(model, folder: Path, name: str) -> dict:

@@ -53,9 +53,30 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 
+def _group_module_fixtures(items):
+    """Give a test that uses a fixture its module shares (scope `module` or
+    `class`, an export made once) the module's `xdist_group`, unless it has
+    one: `--dist loadgroup` then runs those tests on one worker, which makes
+    the fixture once, and hands out the module's other tests one by one."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        definitions = getattr(item, "_fixtureinfo", None)
+        definitions = definitions.name2fixturedefs.values() if definitions else ()
+        module = getattr(item, "module", None)
+        if module is not None and any(
+            chain[-1].scope in ("module", "class") and chain[-1].func.__module__ == module.__name__
+            for chain in definitions
+        ):
+            item.add_marker(pytest.mark.xdist_group(module.__name__))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Under another Keras backend, deselect what needs TensorFlow (it runs in
+    """Group the tests of a module's shared fixtures (`_group_module_fixtures`).
+    Under another Keras backend, deselect what needs TensorFlow (it runs in
     the TensorFlow run of the suite); never skip silently."""
+    _group_module_fixtures(items)
     if keras.backend.backend() == "tensorflow":
         return
     keep, drop = [], []
@@ -64,3 +85,20 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def pytest_configure(config):
+    """Refuse a run whose pytest-xdist would ignore `xdist_group`: pytest 9
+    keeps a test's id in `Node._id`, and pytest-xdist 3.8 writes the group's
+    suffix to `_nodeid`, silently, so each worker made every module fixture."""
+    from importlib import metadata
+
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    versions = [metadata.version(name) for name in ("pytest", "pytest-xdist")]
+    pytest_version, xdist = (tuple(int(part) for part in v.split(".")[:2]) for v in versions)
+    if pytest_version[0] >= 9 and xdist <= (3, 8):
+        raise pytest.UsageError(
+            f"pytest {versions[0]} with pytest-xdist {versions[1]} ignores xdist_group: "
+            "install the pytest the dev extra pins (pip install -e '.[dev]')"
+        )

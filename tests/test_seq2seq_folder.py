@@ -121,6 +121,7 @@ def test_the_folder_holds_its_files_and_its_proof(exported):
     assert report["passed"] and report["encoder"]["passed"] and report["decoder"]["passed"]
     proof = report["generation"]
     assert proof["composed"]["equal"] and proof["ids"]["equal"] and proof["text"]["equal"]
+    assert proof["ids"]["reference"] == "keras-hub's generate_step"
     assert json.loads((folder / "report.json").read_text())["passed"]
 
 

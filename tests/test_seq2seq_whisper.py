@@ -94,6 +94,7 @@ def test_the_folder_generates_the_backbones_greedy_tokens_in_ort_and_in_genai(fo
     assert report["passed"]
     proof = report["generation"]
     assert proof["ids"]["equal"] and proof["genai"]["equal"]
+    assert proof["ids"]["reference"] == "the model's forward pass"
     assert proof["genai"]["onnx"] == proof["ids"]["keras"]
     assert len({tuple(row) for row in proof["ids"]["keras"]}) > 1  # the rows' features matter
     assert report["genai"] == {

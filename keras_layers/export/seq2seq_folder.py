@@ -219,6 +219,23 @@ def folder_config(model, description: seq2seq.Seq2Seq, special: Special) -> dict
     }
 
 
+def keras_reference(model) -> str:
+    """What Keras code `keras_greedy` runs for `model`, as the report names it.
+
+    Args:
+        model: the encoder-decoder.
+
+    Returns:
+        "keras-hub's generate_step", "the model's forward pass" (a model
+        whose protocol is ours, `protocol_greedy`) or "the protocol's calls".
+    """
+    if callable(getattr(model, "generate_step", None)):
+        return "keras-hub's generate_step"
+    if hasattr(seq2seq.protocol(model), "forward_logits"):
+        return "the model's forward pass"
+    return "the protocol's calls"
+
+
 def keras_greedy(model, encoder_ids, encoder_mask, prompts, new_tokens: int, end) -> list:
     """keras-hub's own greedy generation on ids: `generate_step` with a
     greedy sampler (the model's compiled sampler set back after); for a
@@ -412,6 +429,7 @@ def prove_folder(
             "end": special.end,
             "encoder_lengths": [int(n) for n in mask.sum(axis=1)],
             "new_tokens": new,
+            "reference": keras_reference(model),
             "keras": expected,
             "onnx": got,
             "equal": got == expected,
