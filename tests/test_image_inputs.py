@@ -336,6 +336,31 @@ def test_a_grouped_conv_converts_to_onnxs_grouped_conv(tmp_path):
     assert groups == [4, 2]
 
 
+def test_a_bilinear_upsampling_on_free_sides_converts_to_onnxs_resize(tmp_path):
+    """Keras' `ops.image.resize` checks `size[0] <= 0` in Python, which a
+    traced tensor cannot answer: a bilinear `UpSampling2D` on free sides (a
+    U-Net's decoder as keras.io writes it, BASNet's) did not trace. It
+    becomes ONNX's `Resize` at the input's own sides times the factor, and
+    the grid's sizes are checked against Keras; a size that is a number keeps
+    Keras' check (a zero size is still Keras' own ValueError)."""
+    keras.utils.set_random_seed(0)
+    pixels = keras.Input(shape=(None, None, 3))
+    hidden = keras.layers.Conv2D(4, 3, strides=2, padding="same")(pixels)
+    hidden = keras.layers.UpSampling2D(2, interpolation="bilinear")(hidden)
+    model = keras.Model(pixels, keras.layers.Conv2D(2, 1)(hidden))
+    report = export_model(model, tmp_path / "unet.onnx")
+    assert report["passed"]
+    assert len({check["shape"] for check in report["checks"]}) > 3  # sides of several sizes
+    graph = onnx.load(str(tmp_path / "unet.onnx")).graph
+    (resize,) = [node for node in graph.node if node.op_type == "Resize"]
+    modes = {a.name: a.s.decode() for a in resize.attribute if a.type == onnx.AttributeProto.STRING}
+    assert modes["mode"] == "linear" and modes["coordinate_transformation_mode"] == "half_pixel"
+    from keras_layers.export import tracing
+
+    with tracing._resizes_to_traced_sizes(), pytest.raises(ValueError, match="positive height"):
+        keras.ops.image.resize(np.zeros((1, 4, 4, 3), "float32"), (0, 4))
+
+
 def test_channels_first_takes_nchw_images_and_leaves_no_transpose(tmp_path):
     """`--channels-first`: the file takes (batch, channels, height, width), as
     optimum's vision files do; its one Permute cancels against the first Conv's

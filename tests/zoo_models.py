@@ -350,12 +350,15 @@ def text_input_problem(backbone) -> str | None:
     return None
 
 
-def redraw(model, seed: int = SEED):
+def redraw(model, seed: int = SEED, conv_fan_in: bool = False):
     """Every float weight drawn anew from N(0, 0.2); integer state is left alone.
 
     A BatchNormalization's moving variance is drawn from U(0.5, 1.5) instead: a
     negative variance would be a square root of it, NaN (the image models of
-    tests/zoo_vision.py have them; no text model does).
+    tests/zoo_vision.py have them; no text model does). With `conv_fan_in`,
+    a 2-D convolution's kernel is drawn from N(0, 1 / fan-in) instead, as a
+    trained network's keep its activations near 1 (`zoo_vision.CONV_FAN_IN`
+    says which models need it and why).
     """
     rng = np.random.default_rng(seed)
     for weight in model.weights:
@@ -363,6 +366,9 @@ def redraw(model, seed: int = SEED):
             continue
         if weight.path.endswith("moving_variance"):
             value = rng.uniform(0.5, 1.5, size=weight.shape)
+        elif conv_fan_in and len(weight.shape) == 4 and weight.path.endswith("/kernel"):
+            fan_in = int(np.prod(weight.shape[:-1]))  # (height, width, in, out)
+            value = rng.normal(0, fan_in**-0.5, size=weight.shape)
         else:
             value = rng.normal(0, 0.2, size=weight.shape)
         weight.assign(value.astype(weight.dtype))

@@ -114,6 +114,19 @@ INTERNALS = (
         swapped=False,
     ),
     Internal(
+        "keras.src.ops.image",
+        "resize",
+        _KERAS,
+        "tracing._resizes_to_traced_sizes: a resize to tensor sides, past the Python size check",
+    ),
+    Internal(
+        "keras.src.ops.image",
+        "_resize",
+        _KERAS,
+        "tracing._resizes_to_traced_sizes: the resize Keras runs after its checks",
+        swapped=False,
+    ),
+    Internal(
         "keras.src.backend.tensorflow.numpy",
         "einsum",
         _KERAS,

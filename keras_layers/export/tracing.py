@@ -256,6 +256,40 @@ def _fourier_transforms_as_products():
         yield
 
 
+@contextmanager
+def _resizes_to_traced_sizes():
+    """Trace `keras.ops.image.resize` to a size that is a tensor.
+
+    `UpSampling2D(interpolation="bilinear")` (BASNet's decoder, keras.io's
+    U-Nets) resizes to its input's sides times its factor; on free image
+    sides those are tensors, and `ops.image.resize` first checks
+    `size[0] <= 0` in Python, which a traced tensor cannot answer (Keras
+    3.15: "Using a symbolic `tf.Tensor` as a Python `bool`"). A size with a
+    tensor in it goes straight to the backend's resize, the function Keras
+    calls after its checks; the other sizes keep Keras' code, checks and
+    all. The validation runs the file against Keras like any other.
+    """
+    try:
+        from keras.src.ops import image
+    except ImportError:
+        yield
+        return
+    original = compat.original(image, "resize", None)
+    backend_resize = getattr(image, "_resize", None)
+    if original is None or backend_resize is None:
+        yield
+        return
+    import tensorflow as tf
+
+    def resize(images, size, *args, **kwargs):
+        if isinstance(size, list | tuple) and any(isinstance(side, tf.Tensor) for side in size):
+            return backend_resize(images, size, *args, **kwargs)
+        return original(images, size, *args, **kwargs)
+
+    with patched(image, "resize", resize):
+        yield
+
+
 def _is_python_control_flow(error: Exception) -> bool:
     """TensorFlow's ways of saying that Python code asked a symbolic tensor for
     its value (`if tensor:`, `range(tensor)`), which only eager execution has."""
@@ -356,6 +390,7 @@ def trace_call(loaded: LoadedModel, call, specs: list, output_names: list) -> Tr
             _einsums_for_onnx(),
             _grouped_convs_without_xla(),
             _fourier_transforms_as_products(),
+            _resizes_to_traced_sizes(),
         ):
             function.get_concrete_function(*signature)  # traced now, reused by convert
     except Exception as error:
