@@ -171,6 +171,19 @@ def test_a_genai_decoder_that_prefers_a_token_fails_the_proof_and_places_nothing
     assert not target.exists()
 
 
+def test_without_genai_installed_the_folder_is_written_and_says_it_is_unproved(
+    whisper, tmp_path, monkeypatch
+):
+    from keras_layers.export import seq2seq_folder
+
+    monkeypatch.setattr(seq2seq_folder, "_genai_installed", lambda: False)
+    report = export_model(whisper, f"{tmp_path}/folder/", task="seq2seq-lm")
+    assert report["passed"] and "genai" not in report["generation"]
+    assert report["genai"]["proved_in_genai"] is False
+    assert report["genai"]["not_proved"].startswith("onnxruntime-genai is not installed")
+    assert (tmp_path / "folder" / whisper_folder.FOLDER / "genai_config.json").is_file()
+
+
 def test_an_encoder_of_another_length_gets_no_genai_folder_and_says_why(tmp_path):
     report = export_model(_whisper(64), f"{tmp_path / 'short'}/", task="seq2seq-lm")
     assert report["passed"] and "genai" not in report["generation"]

@@ -39,7 +39,7 @@ from keras_layers.export import (
 )
 from keras_layers.export.decoder_gate import agreement
 from keras_layers.export.errors import ExportError, UsageError, ValidationFailed, argument
-from keras_layers.export.genai_folder import _keep_failed, is_folder
+from keras_layers.export.genai_folder import GENAI_MISSING, _keep_failed, is_folder
 from keras_layers.export.generation import generate
 from keras_layers.export.options import ACCURACY_LEVEL, ExportOptions
 from keras_layers.export.quantizing import quantize_weights, summary
@@ -579,6 +579,8 @@ def export_folder(model, folder, options: ExportOptions, *, progress=None) -> di
         report["passed"] = proof["passed"]
         if genai:  # without onnxruntime-genai installed, its folder is written unproved
             report["genai"]["proved_in_genai"] = "genai" in proof
+            if "genai" not in proof:
+                report["genai"]["not_proved"] = GENAI_MISSING
         report["report_path"] = str(folder / REPORT_FILE)
         if not proof["passed"]:
             reason = _failure(proof)
