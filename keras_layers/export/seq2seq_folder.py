@@ -578,9 +578,7 @@ def export_folder(model, folder, options: ExportOptions, *, progress=None) -> di
         report["generation"] = proof
         report["passed"] = proof["passed"]
         if genai:  # without onnxruntime-genai installed, its folder is written unproved
-            report["genai"]["proved_in_genai"] = "genai" in proof
-            if "genai" not in proof:
-                report["genai"]["not_proved"] = GENAI_MISSING
+            _say_if_genai_proved(report["genai"], proof)
         report["report_path"] = str(folder / REPORT_FILE)
         if not proof["passed"]:
             reason = _failure(proof)
@@ -591,6 +589,13 @@ def export_folder(model, folder, options: ExportOptions, *, progress=None) -> di
         placement.write_json(report, staging / REPORT_FILE)
         folder_placement.place_folder(staging, folder)
     return report
+
+
+def _say_if_genai_proved(genai: dict, proof: dict) -> None:
+    """Whether genai ran the written genai/ folder; if not, why (not installed)."""
+    genai["proved_in_genai"] = "genai" in proof
+    if "genai" not in proof:
+        genai["not_proved"] = GENAI_MISSING
 
 
 def _genai_folder(staging: Path, description, special: Special, config: dict) -> dict:
