@@ -83,3 +83,34 @@ def assert_same_variables(got, expected):
         assert mine.dtype == theirs.dtype, mine.path
         if "seed_generator" not in mine.path:
             np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), err_msg=mine.path)
+
+
+def redrawn(model, seed: int = 0):
+    """Every weight drawn anew (keras-hub's initialisers make BatchNorm an
+    identity, which hides a lost scale); variances kept positive."""
+    rng = np.random.default_rng(seed)
+    for weight in model.weights:
+        if "variance" in weight.path:
+            weight.assign(rng.uniform(0.5, 1.5, weight.shape))
+        else:
+            weight.assign(rng.normal(0, 0.2, weight.shape))
+    return model
+
+
+def tiny_resnet_classifier(filters=(64, 16)):
+    """A keras-hub ResNet classifier at free image sides, weights redrawn;
+    `filters`: its two stacks' widths."""
+    import keras_hub
+
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.ResNetBackbone(
+        input_conv_filters=[64],
+        input_conv_kernel_sizes=[7],
+        stackwise_num_filters=list(filters),
+        stackwise_num_blocks=[1, 1],
+        stackwise_num_strides=[1, 2],
+        block_type="bottleneck_block",
+        use_pre_activation=False,
+        image_shape=(None, None, 3),
+    )
+    return redrawn(keras_hub.models.ResNetImageClassifier(backbone, num_classes=5))

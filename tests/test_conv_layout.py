@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from keras_layers.export import export_model
 from keras_layers.export.graph import weights
 from keras_layers.export.passes import Context, conv_layout
+from tests.models import tiny_resnet_classifier
 
 pytestmark = pytest.mark.tensorflow_only  # the pass runs tf2onnx's optimizer
 
@@ -306,34 +307,9 @@ def test_a_batch_norm_before_a_conv_stays_and_says_why(pads, reason):
     _same(before, after, shape=(2, 3, 7, 5))
 
 
-def _resnet(filters):
-    import keras
-    import keras_hub
-
-    keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.ResNetBackbone(
-        input_conv_filters=[64],
-        input_conv_kernel_sizes=[7],
-        stackwise_num_filters=filters,
-        stackwise_num_blocks=[1, 1],
-        stackwise_num_strides=[1, 2],
-        block_type="bottleneck_block",
-        image_shape=(None, None, 3),
-    )
-    model = keras_hub.models.ResNetImageClassifier(backbone, num_classes=5)
-    # keras-hub's BatchNorms start at scale 1 and offset 0, which would hide the Add.
-    rng = np.random.default_rng(0)
-    for weight in model.weights:
-        if "variance" in weight.path:
-            weight.assign(rng.uniform(0.5, 1.5, weight.shape))
-        else:
-            weight.assign(rng.normal(0, 0.2, weight.shape))
-    return model
-
-
 @pytest.mark.parametrize("filters", [[64, 16], [64, 256]], ids=["tiny", "256 channels"])
 def test_a_keras_hub_resnet_keeps_one_transpose_and_no_batch_norm(tmp_path, filters):
-    report = export_model(_resnet(filters), tmp_path / "resnet.onnx")
+    report = export_model(tiny_resnet_classifier(filters), tmp_path / "resnet.onnx")
     assert report["passed"]
     proto = onnx.load(tmp_path / "resnet.onnx", load_external_data=False)
     ops = _ops(proto)

@@ -28,20 +28,10 @@ from keras_layers.export import (
 )
 from keras_layers.export.cli import EXIT_USAGE, main
 from keras_layers.export.errors import UsageError
+from tests.models import redrawn as _redrawn
+from tests.models import tiny_resnet_classifier as _resnet
 
 pytestmark = [pytest.mark.tensorflow_only, pytest.mark.xdist_group("image_inputs")]
-
-
-def _redrawn(model, seed: int = 0):
-    """Every weight drawn anew (keras-hub's initialisers make BatchNorm an
-    identity, which hides a lost scale); variances kept positive."""
-    rng = np.random.default_rng(seed)
-    for weight in model.weights:
-        if "variance" in weight.path:
-            weight.assign(rng.uniform(0.5, 1.5, weight.shape))
-        else:
-            weight.assign(rng.normal(0, 0.2, weight.shape))
-    return model
 
 
 def _densenet():
@@ -50,21 +40,6 @@ def _densenet():
         stackwise_num_repeats=[1, 1], image_shape=(None, None, 3)
     )
     return _redrawn(keras_hub.models.DenseNetImageClassifier(backbone, num_classes=5))
-
-
-def _resnet():
-    keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.ResNetBackbone(
-        input_conv_filters=[64],
-        input_conv_kernel_sizes=[7],
-        stackwise_num_filters=[64, 16],
-        stackwise_num_blocks=[1, 1],
-        stackwise_num_strides=[1, 2],
-        block_type="bottleneck_block",
-        use_pre_activation=False,
-        image_shape=(None, None, 3),
-    )
-    return _redrawn(keras_hub.models.ResNetImageClassifier(backbone, num_classes=5))
 
 
 def _vit():

@@ -133,6 +133,21 @@ INTERNALS = (
         "tracing._einsums_for_onnx: grouped-query einsums as transposes and one MatMul",
     ),
     Internal(
+        "keras.src.ops.function",
+        "Function._run_through_graph",
+        _KERAS,
+        "lean_reference.intermediates_freed: the validation's Keras outputs with each layer's "
+        "output freed after its last reader (it also reads the instance's `_nodes_by_depth` "
+        "and `_outputs_struct`)",
+    ),
+    Internal(
+        "keras.src.ops.function",
+        "Function._get_operation_for_node",
+        _KERAS,
+        "lean_reference.run_through_graph: the operation Keras runs for a node",
+        swapped=False,
+    ),
+    Internal(
         "keras.src.backend.tensorflow.core",
         "slice_update",
         _KERAS,
