@@ -3,8 +3,9 @@
 Every case must end in exit 0, 1 or 2, with one line on stderr and no
 traceback, and must leave the files already at the output paths untouched
 unless the export passed. The default suite runs the `fast` hypothesis profile;
-CI's fuzz tier, `HYPOTHESIS_PROFILE=ci python -m pytest -m fuzz`, runs 2,000
-reproducible cases per test (see tests/conftest.py).
+CI's fuzz tier, `HYPOTHESIS_PROFILE=ci python -m pytest -m fuzz`, runs 1,000
+reproducible cases per test, and `HYPOTHESIS_PROFILE=thorough` 2,000 random
+ones (see tests/conftest.py).
 """
 
 import functools
