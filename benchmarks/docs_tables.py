@@ -1040,8 +1040,11 @@ def vision_export_table(report: dict) -> str:
     for model, export in report["export"].items():
         weights = report["parameters_bytes"][model]
         if "error" in export:
-            rows.append([model, f"{weights / 1e6:.1f}", *[""] * 5, _vision_error(export)])
+            rows.append([model, f"{weights / 1e6:.1f}", *[""] * 7, _vision_error(export)])
             continue
+        after = export.get("peak_rss_bytes_after_stage", {})
+        converted = after.get("slim")
+        validated = after.get("validate")
         rows.append(
             [
                 model,
@@ -1050,14 +1053,16 @@ def vision_export_table(report: dict) -> str:
                 f"{export['built_rss_bytes'] / 1e6:,.0f}",
                 f"{export['peak_rss_bytes'] / 1e6:,.0f}",
                 f"{export['added_rss_bytes'] / 1e6:,.0f}",
+                _optional(converted and (converted - export["built_rss_bytes"]) / 1e6, ",.0f"),
+                _optional(validated and converted and (validated - converted) / 1e6, ",.0f"),
                 _against(export["added_rss_bytes"] / weights, 2.5, True),
                 f"{export['peak_rss_bytes'] / weights:.2f}",
             ]
         )
     header = ["model", "weights MB", "export s", "RSS before the export MB"]
-    header += ["peak RSS MB", "added by the export MB", "added / weights (<= 2.5)"]
-    header += ["peak / weights"]
-    return markdown_table(header, [False] + [True] * 7, rows)
+    header += ["peak RSS MB", "added by the export MB", "of which to the slimmed file MB"]
+    header += ["of which by validation MB", "added / weights (<= 2.5)", "peak / weights"]
+    return markdown_table(header, [False] + [True] * 9, rows)
 
 
 def vision_targets_table(report: dict) -> str:
@@ -1069,11 +1074,14 @@ def vision_targets_table(report: dict) -> str:
         else:
             met, measured = ("yes" if check["met"] else "**no**"), f"{check['ratio']:.3f}"
         batch = "" if check["batch"] is None else str(check["batch"])
+        floor = _optional(check.get("multiply_add_floor"), ".3f")
         rows.append(
-            [check["target"], check["model"], batch, measured, f"{check['at_most']:.2f}", met]
+            [check["target"], check["model"], batch, measured, floor]
+            + [f"{check['at_most']:.2f}", met]
         )
-    header = ["target", "model", "batch", "measured", "at most", "met"]
-    return markdown_table(header, [False, False, True, True, True, False], rows)
+    header = ["target", "model", "batch", "measured", "Conv/MatMul kernels alone"]
+    header += ["at most", "met"]
+    return markdown_table(header, [False, False, True, True, True, True, False], rows)
 
 
 VISION_TABLES: dict[str, Callable[[dict], str]] = {

@@ -73,10 +73,15 @@ def run_child(kind, model_path, output):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def session(path, threads: int = THREADS):
+def session(path, threads: int = THREADS, profile_prefix: str | None = None):
+    """The timed session on the file at `path`; with `profile_prefix`,
+    ONNX Runtime writes its profile of every run to a file of that prefix."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

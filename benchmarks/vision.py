@@ -26,7 +26,10 @@ Each ONNX file runs in an ONNX Runtime session with every graph optimisation
 a run returns, so that they do not steal the cores from the next contender).
 Latency is timed at batch 1 and 8: after a warm-up, every round runs every
 contender once at each batch, in turn, and the median over rounds is
-reported (`benchmarks/timing.py`). Before anything is timed, each contender's
+reported (`benchmarks/timing.py`). Our file is then profiled by ONNX Runtime
+at each batch (`kernel_profile`): the share of a run spent in its Conv and
+MatMul kernels, and with it, for each missed speed target, the ratio that
+would be left if every other op took no time. Before anything is timed, each contender's
 logits for a batch of 2 images are compared with Keras' own; a file that does
 not export, load or run records its error instead of numbers (Keras' export
 of the ViT writes its exact GELU with TensorFlow's `Erfc`, an op ONNX has no
@@ -37,7 +40,10 @@ Our export runs in a child process (`--child`), which builds the model from
 the same constructor and seed, notes its own high-water RSS (VmHWM: the
 imports and the built model), exports, and notes it again: the export's peak
 is recorded both whole (`peak_rss_bytes`) and over what the process held
-before the export started (`added_rss_bytes`). VmHWM rather than
+before the export started (`added_rss_bytes`), and as each stage of the
+export ends (`peak_rss_bytes_after_stage`, through `export_model`'s
+`progress` callback), which says whether the file's making or its
+validation holds the peak. VmHWM rather than
 `ru_maxrss`, which on Linux keeps the peak of the parent forked before `exec`.
 TensorFlow runs without its oneDNN kernels (`TF_ENABLE_ONEDNN_OPTS=0` unless
 set), as the export command runs it, in this process and its children.
@@ -139,7 +145,8 @@ MEMORY_TARGET = 2.5  # our export's peak RSS over the same bytes, at most
 MEMORY_NOTE = (
     "peak_rss_bytes: VmHWM of the child process that imports, builds the model and "
     "exports it; built_rss_bytes: its VmHWM after the build, before the export; "
-    "added_rss_bytes: the difference (what the export itself adds)"
+    "added_rss_bytes: the difference (what the export itself adds); "
+    "peak_rss_bytes_after_stage: its VmHWM as each stage of the export ends"
 )
 
 
@@ -179,8 +186,14 @@ def child_export(name: str, output: str, quick: bool) -> dict:
 
     model = build((QUICK_MODELS if quick else MODELS)[name])
     built = _high_water_mb()
+    stage_peaks = {}
+
+    def note_peak(event) -> None:  # the high-water mark as each stage ends
+        if event.seconds is not None and event.done is None:
+            stage_peaks[event.stage] = int(_high_water_mb() * 2**20)
+
     start = time.perf_counter()
-    report = export_model(model, output)
+    report = export_model(model, output, progress=note_peak)
     seconds = time.perf_counter() - start
     peak = _high_water_mb()
     return {
@@ -188,6 +201,7 @@ def child_export(name: str, output: str, quick: bool) -> dict:
         "peak_rss_bytes": int(peak * 2**20),
         "built_rss_bytes": int(built * 2**20),
         "added_rss_bytes": int((peak - built) * 2**20),
+        "peak_rss_bytes_after_stage": stage_peaks,
         "passed": report["passed"],
         "stage_seconds": report.get("stage_seconds"),
     }
@@ -278,6 +292,48 @@ def agreement(model, config: dict, found: dict, errors: dict) -> dict:
     return differences
 
 
+# Op types whose kernels do the multiply-adds, as ONNX Runtime's profile names
+# them after its own fusions (`FusedConv`, `NchwcConv`, `FusedMatMul`, ...).
+MULTIPLY_ADD_OPS = ("Conv", "MatMul", "Gemm", "Attention")
+
+
+def kernel_profile(path: Path, x, runs: int) -> dict:
+    """Where a run of the file at `path` on `x` spends its time: ONNX
+    Runtime's profile (the timed sessions' options, profiling on), the
+    kernels' milliseconds per run summed by op type over `runs` runs after a
+    warm-up run, and the share of the run in `MULTIPLY_ADD_OPS` kernels.
+
+    The share says how fast the file could get if every other op took no
+    time: `targets` multiplies it into the timed median to give each missed
+    speed target its floor."""
+    from benchmarks.export_bench import session as timed_session
+
+    session = timed_session(path, threads=os.cpu_count(), profile_prefix=str(path.with_suffix("")))
+    feed = {session.get_inputs()[0].name: x}
+    for _ in range(runs + 1):
+        session.run(None, feed)
+    events = json.loads(Path(session.end_profiling()).read_text())
+    runs_seen = sorted((e["ts"], e["dur"]) for e in events if e.get("name") == "model_run")
+    first_end = runs_seen[0][0] + runs_seen[0][1]  # the first profiled run is dropped
+    by_op: dict[str, float] = {}
+    for event in events:
+        kernel = event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time")
+        if kernel and event["ts"] >= first_end:
+            op = event["args"]["op_name"]
+            by_op[op] = by_op.get(op, 0.0) + event["dur"] / 1e3
+    run_ms = sorted(duration / 1e3 for _, duration in runs_seen[1:])
+    ms_by_op = {op: ms / runs for op, ms in sorted(by_op.items(), key=lambda kv: -kv[1])}
+    run = run_ms[len(run_ms) // 2]
+    multiply_add = sum(ms for op, ms in ms_by_op.items() if any(k in op for k in MULTIPLY_ADD_OPS))
+    return {
+        "runs": runs,
+        "run_ms": run,
+        "ms_by_op": {op: round(ms, 3) for op, ms in ms_by_op.items()},
+        "multiply_add_ms": multiply_add,
+        "multiply_add_share": multiply_add / run,
+    }
+
+
 def measure(name: str, config: dict, quick: bool, rounds: int, folder: Path) -> dict:
     """One model: its three files exported, every contender checked and timed."""
     from benchmarks.timing import time_side_by_side
@@ -335,6 +391,9 @@ def measure(name: str, config: dict, quick: bool, rounds: int, folder: Path) -> 
             else None
             for peer in ("keras_export", "xla")
         }
+        if "ms" in row["ours"]:
+            profile = kernel_profile(paths["ours"], images(config, batch), runs=2 if quick else 5)
+            row["ours"]["profile"] = profile
         rows.append(row)
         cells = ", ".join(f"{c} {row[c].get('ms', 'error')}" for c in CONTENDERS)
         print(f"{name} batch {batch} ms: {cells}", flush=True)
@@ -357,7 +416,9 @@ def targets(report: dict) -> dict:
 
     Returns:
         `checks` (one dict per target and point: the ratio, its bound and
-        whether it is met, None where it could not be measured, with `why`),
+        whether it is met, None where it could not be measured, with `why`;
+        a speed check also has `multiply_add_floor`, the ratio if only our
+        file's Conv/MatMul kernels took time: `kernel_profile`),
         `all_met` (False when any measured target is missed), and `missed`
         and `not_measured` as "model batch N: ratio" strings.
     """
@@ -376,6 +437,10 @@ def targets(report: dict) -> dict:
                 checks.append(check | {"ratio": None, "met": None, "why": why})
             else:
                 checks.append(check | {"ratio": ratio, "met": ratio <= SPEED_TARGET})
+                if "profile" in row["ours"]:
+                    # The ratio left if every op but the multiply-add kernels took no time.
+                    share = row["ours"]["profile"]["multiply_add_share"]
+                    checks[-1]["multiply_add_floor"] = ratio * min(share, 1.0)
     for model, facts in report["files"].items():
         weights = report["parameters_bytes"][model]
         ours, export = facts["ours"], report["export"][model]

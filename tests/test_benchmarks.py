@@ -224,6 +224,10 @@ def test_vision_benchmark_quick_mode_writes_the_documented_keys():
         for contender in vision.CONTENDERS:
             assert ("ms" in row[contender]) != ("error" in row[contender]), contender
         assert set(row["ratios"]) == {"ours / keras_export", "ours / xla"}
+        # ONNX Runtime's profile: kernel times by op type, the multiply-adds among them.
+        profile = row["ours"]["profile"]
+        assert 0 < profile["multiply_add_ms"] <= sum(profile["ms_by_op"].values()) + 1e-3
+        assert 0 < profile["multiply_add_share"] and profile["run_ms"] > 0
     for key in ("files", "parameters_bytes", "export", "max_abs_diff_vs_keras"):
         assert set(report[key]) == set(models), key
     for model in models:
@@ -232,11 +236,17 @@ def test_vision_benchmark_quick_mode_writes_the_documented_keys():
         assert {"bytes", "nodes", "op_counts", "transposes"} <= set(ours), model
         export = report["export"][model]
         assert export["passed"] and export["seconds"] > 0 and export["peak_rss_bytes"] > 0
+        # The high-water mark as each stage ends: rising, the last at the peak or below.
+        after = list(export["peak_rss_bytes_after_stage"].values())
+        assert list(export["peak_rss_bytes_after_stage"])[:2] == ["load", "trace"]
+        assert after == sorted(after) and after[-1] <= export["peak_rss_bytes"]
         # Our file and XLA compute Keras' logits (tiny models: float32 rounding).
         assert report["max_abs_diff_vs_keras"][model]["ours"] < 1e-4, model
     targets = report["targets"]
     assert {"all_met", "missed", "not_measured", "checks"} <= set(targets)
     assert all(check["met"] in (True, False, None) for check in targets["checks"])
+    speed = [c for c in targets["checks"] if c["met"] is not None and c["batch"] is not None]
+    assert all(0 < c["multiply_add_floor"] <= c["ratio"] for c in speed)
     assert report["machine"]["cores"] and report["sessions"]["intra_op_num_threads"]
     written = json.loads((results_io.RESULTS / "vision.quick.json").read_text())
     assert written["rows"] == report["rows"] and written["targets"] == report["targets"]
