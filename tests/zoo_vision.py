@@ -752,8 +752,9 @@ FEED_ATOL = zoo_models.FEED_ATOL
 # Classes whose export fails today, with the error and exit status it fails
 # with and why (tests/test_zoo_vision.py checks each still fails so).
 _SAM3 = (
-    "ConversionError (exit 2): tf2onnx cannot convert the TensorFlow `Pack` inside the "
-    "`tf.cond` of SAM3's geometry encoder (boxes or none)"
+    "ConversionError (exit 2): inside the `tf.cond` of SAM3's geometry encoder (boxes "
+    "or none) tf2onnx knows no shape of the branch's inputs, and its `Unpack`, "
+    '`StridedSlice` and `Pack` handlers need one ("shape of unpack input is None")'
 )
 _SD3 = (
     "ConversionError (exit 2): tf2onnx's graph rewriters drop the `images` input, then "
