@@ -158,6 +158,8 @@ def test_a_file_whose_labels_mean_otherwise_fails_and_random_floats_missed_it(sa
     assert validate(decoder.model, mutant, blind)["passed"]
 
 
+# 25 s: CI runs it with the slow tier; the default suite keeps SAM and the two towers.
+@pytest.mark.slow
 def test_stable_diffusion_3_splits_as_its_steps_and_the_vae_encoder_gives_its_latents(tmp_path):
     import keras
 

@@ -293,6 +293,9 @@ def test_a_quantized_folder_is_written_beside_the_float_one_and_gated(tmp_path, 
     assert isinstance(generate(sub, "a short text", 3), str)
 
 
+# 14 s: CI runs it with the slow tier; the default suite keeps the float folder's
+# failed proof placing nothing (`test_a_failed_proof_places_nothing`).
+@pytest.mark.slow
 def test_a_quantized_folder_that_fails_its_gate_places_nothing(tmp_path):
     """A gate no quantized file can pass (no log-probability change at all):
     ValidationFailed naming the measure, nothing placed, the refused folder
