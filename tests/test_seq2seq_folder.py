@@ -26,7 +26,9 @@ from tests import zoo_models
 from tests.test_generate_arguments import tiny_gpt2
 from tests.zoo_tokenizers import byte_pair_vocabulary
 
-pytestmark = [pytest.mark.tensorflow_only, pytest.mark.xdist_group("seq2seq_folder")]
+# Tests of the `exported` folders share one worker (tests/conftest.py groups
+# the users of a module fixture); the others are handed out one by one.
+pytestmark = pytest.mark.tensorflow_only
 
 TRAINING = [
     "The quick brown fox jumps over the lazy dog.",
