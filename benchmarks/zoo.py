@@ -135,15 +135,16 @@ def run_model(entry, folder: Path) -> dict:
     return row
 
 
-def export_row(model, output: Path, row: dict) -> tuple:
-    """Export `model` to `output` with the default flags and fill `row`:
-    the export time, the exit status, the status, the error and what the
-    report says. Returns `(error or None, report or None)`."""
-    from keras_layers.export import ValidationFailed, export_model
+def export_row(model, output: Path, row: dict, flags: dict | None = None) -> tuple:
+    """Export `model` to `output` with the default flags (or `flags`, the
+    `ExportOptions` fields a model needs) and fill `row`: the export time,
+    the exit status, the status, the error and what the report says.
+    Returns `(error or None, report or None)`."""
+    from keras_layers.export import ExportOptions, ValidationFailed, export_model
 
     start = time.perf_counter()
     try:
-        report = export_model(model, output)
+        report = export_model(model, output, ExportOptions(**(flags or {})))
         error = None
     except Exception as caught:
         error = caught

@@ -62,7 +62,6 @@ def run_model(entry, folder: Path) -> dict:
         "status": None,
         "exit_code": None,
         "error": None,
-        "known": zoo_vision.KNOWN.get(entry.name),
     }
     try:
         model = zoo_vision.build(entry.name)
@@ -73,7 +72,10 @@ def run_model(entry, folder: Path) -> dict:
     row["modality"] = zoo_vision.modality(model)
     row["parameters"] = int(model.count_params())
     output = folder / f"{entry.name}.onnx"
-    error, report = zoo.export_row(model, output, row)
+    flags, why = zoo_vision.FLAGS.get(entry.name, ({}, ""))
+    if flags:
+        row["flags"], row["flags_reason"] = flags, why
+    error, report = zoo.export_row(model, output, row, flags)
     if report is not None:
         row["roles"] = _roles(report)
     if error is None:
@@ -173,14 +175,25 @@ def render(report: dict) -> str:
             zoo._number(row.get("export_seconds"), ".1f"),
             _parts_cell(row),
             zoo._seq2seq_cell(row),
-            (row["known"] or (row["error"] if row["status"] != "passed" else "") or "").replace(
-                "|", "\\|"
-            ),
+            _note(row).replace("|", "\\|"),
         ]
         for row in report["models"]
     ]
     aligned = [False] * 4 + [True] * 5 + [False, True, False, False, False]
     return markdown_table(header, aligned, rows)
+
+
+def _note(row: dict) -> str:
+    """Why a model failed, or the flag it exported with."""
+    if row["status"] != "passed":
+        return row.get("error") or ""
+    if row.get("flags"):
+        shapes = ",".join(
+            point if isinstance(point, str) else f"{point[0]}x{point[1]}"
+            for point in row["flags"]["shapes"]
+        )
+        return f"with `--shapes {shapes}`: {row['flags_reason']}"
+    return ""
 
 
 def page_table(text: str | None = None) -> str | None:

@@ -4,7 +4,8 @@ multimodal model, exported with the default flags.
 The models are enumerated from `keras_hub.models` by tests/zoo_vision.py (its
 docstring states the rule: what the text zoo skips, and every task on it) and
 built tiny, offline, with redrawn weights; composites (CLIP, SAM, RetinaNet,
-DeepLabV3, ...) from tiny parts. Each test exports one with no `shapes=`, as
+DeepLabV3, ...) from tiny parts. Each test exports one with the default flags
+(or the one flag `FLAGS` names, which the default export's error names), as
 a user would, asserts the report passed, then runs the file in ONNX Runtime
 on a feed built here from the inputs' shapes alone (`zoo_vision.media_feed`:
 three rows, free image sides 64 x 96, audio of 1,024 samples), compared with
@@ -21,7 +22,7 @@ import pytest
 import zoo_models
 import zoo_vision
 
-from keras_layers.export import ExportError, export_model
+from keras_layers.export import ExportOptions, UsageError, export_model
 
 pytestmark = [
     pytest.mark.tensorflow_only,  # the export pipeline runs on TensorFlow
@@ -39,7 +40,6 @@ FAST = (
 )
 ENTRIES = zoo_vision.enumerate_vision()
 NAMES = [entry.name for entry in ENTRIES]
-KNOWN = zoo_vision.KNOWN
 BUILT = [name for name in NAMES if name not in zoo_vision.NOT_BUILT]
 
 
@@ -56,7 +56,7 @@ def test_the_vision_zoo_is_every_class_the_text_zoo_skips():
     assert skipped <= set(NAMES), skipped - set(NAMES)
     backbones = {entry.name for entry in ENTRIES if entry.kind == "backbone"}
     assert set(zoo_vision.READS_MEDIA) <= backbones
-    assert set(FAST) | set(KNOWN) | set(zoo_vision.NOT_BUILT) <= set(NAMES)
+    assert set(FAST) | set(zoo_vision.FLAGS) | set(zoo_vision.NOT_BUILT) <= set(NAMES)
     tasks = [entry for entry in ENTRIES if entry.kind != "backbone"]
     assert {entry.backbone for entry in tasks} <= backbones
     assert len(backbones) > 35 and len(tasks) > 25
@@ -76,29 +76,35 @@ def test_a_class_with_no_tiny_model_says_why(name):
         zoo_vision.build(name)
 
 
-@pytest.mark.parametrize("name", _params([name for name in BUILT if name not in KNOWN]))
+@pytest.mark.parametrize("name", _params(BUILT))
 def test_exports_with_default_flags_and_matches_keras_on_an_independent_feed(name, tmp_path):
+    """With the default flags, or the one `FLAGS` gives (the one the default
+    export's error names: `test_the_flag_a_model_needs_is_named_by_its_error`)."""
     model = zoo_vision.build(name)
     output = tmp_path / f"{name}.onnx"
     _assert_parts_as_listed(model, name)
-    report = export_model(model, output)
+    flags, _ = zoo_vision.FLAGS.get(name, ({}, ""))
+    report = export_model(model, output, ExportOptions(**flags))
     assert report["passed"]
     assert not any(entry["name"].startswith("keras_tensor") for entry in report["inputs"])
     differences = zoo_vision.parity(model, output, zoo_vision.media_feed(model, name))
     assert max(differences.values()) <= zoo_vision.FEED_ATOL, differences
 
 
-@pytest.mark.parametrize("name", _params(sorted(KNOWN)))
-def test_a_known_failure_fails_with_its_stated_error(name, tmp_path):
-    """Not an internal error: the user is told what is wrong, with the error
-    and exit status `KNOWN` states. Once such an export passes, this fails:
-    move the model out of `KNOWN`."""
-    model = zoo_vision.build(name)
-    _assert_parts_as_listed(model, name)
-    with pytest.raises(ExportError) as caught:
-        export_model(model, tmp_path / f"{name}.onnx")
-    error = caught.value
-    assert f"{type(error).__name__} (exit {error.exit_code})" in KNOWN[name], error
+@pytest.mark.zoo
+def test_the_flag_a_model_needs_is_named_by_its_error(tmp_path):
+    """SAM3 runs in Keras on one image at a time (`FLAGS`): the default
+    export stops at the grid's batch 2 with exit 2, naming the model's
+    constraint and the fix, and leaves nothing at the output."""
+    name = "SAM3PromptableConceptBackbone"
+    assert all(point[0] == 1 for point in zoo_vision.FLAGS[name][0]["shapes"][:-1])
+    output = tmp_path / f"{name}.onnx"
+    with pytest.raises(UsageError) as caught:
+        export_model(zoo_vision.build(name), output)
+    message = str(caught.value)
+    assert "fails in Keras itself" in message and "It ran on one row" in message, message
+    assert "give a grid of batch 1" in message and "shapes" in message, message
+    assert not output.exists()
 
 
 def _assert_parts_as_listed(model, name):

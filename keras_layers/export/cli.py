@@ -100,11 +100,11 @@ def _tolerance(text: str) -> float:
 
 def _shapes(text: str) -> list:
     """`--shapes`: comma-separated `BATCHxSEQ` pairs (`BATCHxSIDE` for
-    images), `padded` or `structured`."""
+    images), `padded`, `structured` or `unprompted`."""
     shapes = []
     for item in text.split(","):
         item = item.strip().lower()
-        if item in ("padded", "structured"):
+        if item in ("padded", "structured", "unprompted"):
             shapes.append(item)
             continue
         match = re.fullmatch(r"(\d{1,9})x(\d{1,9})", item)

@@ -179,6 +179,18 @@ INTERNALS = (
         "scan of every used tensor",
     ),
     Internal(
+        "tf2onnx.tf_loader",
+        "tflist_to_onnx",
+        "tf2onnx 1.16-1.17",
+        "converting._branch_input_shapes: an If's branches get the shapes of its arguments",
+    ),
+    Internal(
+        "tf2onnx.tf_loader",
+        "function_def_to_graph",
+        "tf2onnx 1.16-1.17 (TensorFlow's, imported there)",
+        "converting._branch_input_shapes: a branch's given shapes win over Grappler's unknown ones",
+    ),
+    Internal(
         "tensorflow.python.grappler.tf_optimizer",
         "OptimizeGraph",
         "tensorflow 2.16-2.21",

@@ -31,7 +31,7 @@ import numpy as np
 from keras_layers.export import compat
 from keras_layers.export.compat import patched
 from keras_layers.export.errors import ConversionError, OutputError, UsageError, argument
-from keras_layers.export.graph import free_names, subgraphs, weights
+from keras_layers.export.graph import free_names, rename_reads, subgraphs, weights
 from keras_layers.export.op_handlers import HANDLERS
 from keras_layers.export.tracing import TracedModel
 
@@ -218,10 +218,9 @@ def _weights_to_initializers(proto, traced: TracedModel, data_path: Path | None 
             del array
     del graph.input[:]
     graph.input.extend(kept)
-    for node in graph.node:
-        for position, value in enumerate(node.input):
-            if value in names:
-                node.input[position] = names[value]
+    # Reads inside If and Loop bodies too: a branch that alone uses a weight
+    # (SAM's mask embedding, SAM3's box encoder) reads it from the main graph.
+    rename_reads(graph, names)
 
 
 @contextmanager
@@ -268,6 +267,57 @@ def _grappler_without_placeholder_shapes() -> Iterator[None]:
         return graph_def
 
     with patched(tf_optimizer, "OptimizeGraph", optimize):
+        yield
+
+
+@contextmanager
+def _branch_input_shapes() -> Iterator[None]:
+    """Give the bodies of `tf.cond` the shapes of what they are called with.
+
+    tf2onnx converts each function of the graph (a `tf.cond`'s two branches,
+    a loop's body) on its own, its inputs shaped as the caller's inputs. Two
+    slips leave an `If`'s branches with no shapes at all, and then tf2onnx's
+    Conv handler finds no kernel shape and its Unpack no rank (keras-hub's
+    SAM mask embedding, SAM3's box encoder, each under a `cond` on whether
+    a prompt is empty):
+
+    - an `If` node's first input is its condition, not a branch argument,
+      yet tf2onnx hands the branches all of the node's input shapes and then
+      drops the last: every argument gets its neighbour's shape. Here the
+      branches get the shapes of the inputs after the condition.
+    - Grappler's specialised functions mark each argument's shape unknown
+      (`_output_shapes`), and `function_def_to_graph` lets that mark win over
+      the shapes it is given. Where a shape is given, the mark is dropped.
+    """
+    from tensorflow.core.framework import function_pb2
+    from tf2onnx import tf_loader
+
+    list_to_onnx = compat.original(tf_loader, "tflist_to_onnx")
+    to_graph = compat.original(tf_loader, "function_def_to_graph")
+
+    def tflist_to_onnx(graph, *args, **kwargs):
+        converted = list_to_onnx(graph, *args, **kwargs)
+        functions = converted[5]
+        for operation in graph.get_operations():
+            if operation.type in ("If", "StatelessIf"):
+                shapes = [tensor.get_shape() for tensor in operation.inputs[1:]]
+                for branch in ("then_branch", "else_branch"):
+                    functions[operation.get_attr(branch).name] = shapes
+        return converted
+
+    def function_def_to_graph(fdef, input_shapes=None, **kwargs):
+        if input_shapes:
+            fdef, given = function_pb2.FunctionDef.FromString(fdef.SerializeToString()), fdef
+            for position, shape in enumerate(input_shapes):
+                marks = fdef.arg_attr[position].attr if position in given.arg_attr else {}
+                if shape is not None and "_output_shapes" in marks:
+                    del marks["_output_shapes"]
+        return to_graph(fdef, input_shapes=input_shapes, **kwargs)
+
+    with (
+        patched(tf_loader, "tflist_to_onnx", tflist_to_onnx),
+        patched(tf_loader, "function_def_to_graph", function_def_to_graph),
+    ):
         yield
 
 
@@ -340,7 +390,7 @@ def _tf2onnx(traced: TracedModel, opset: int, data_path: Path | None):
     renames = convert.tensor_names_from_structed(concrete, inputs, outputs)
     with tf.device("/cpu:0"), _grappler_without_placeholder_shapes():
         frozen = tf_loader.from_function(concrete, inputs, outputs, large_model=True)
-    with tf.Graph().as_default() as tf_graph:
+    with tf.Graph().as_default() as tf_graph, _branch_input_shapes():
         constants = tf_utils.compress_graph_def(frozen)
         storage = ExternalTensorStorage()
         tf.import_graph_def(frozen, name="")

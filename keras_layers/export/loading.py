@@ -130,6 +130,12 @@ class TensorInfo:
     layout: str | None = None
     # The values the model expects, when read from it (images of pixels: (0, 255)).
     value_range: tuple | None = None
+    # For an output the file names otherwise: Keras' own name of it.
+    key: str | None = None
+
+    @property
+    def keras_name(self) -> str:
+        return self.key or self.name
 
     @property
     def is_padding_mask(self) -> bool:
@@ -1100,7 +1106,7 @@ def _probe_size(info) -> tuple:
     """Every size after the batch that the role probe feeds an image (a side
     of 32), a waveform (`_PROBE_SAMPLES`) or prompts (`_PROBE_PROMPTS`)."""
     if prompts.is_prompt(info):
-        return (_PROBE_PROMPTS, *info.shape[2:])
+        return prompts.sizes(info, _PROBE_PROMPTS)
     if audio.is_audio(info):
         return (_PROBE_SAMPLES, *info.shape[2:])
     return tuple(images.dims(info, 1, 32)[1:])
@@ -1169,17 +1175,30 @@ def _describe(model, sizes=()):
         dtype = str(tensor.dtype)
         readers = inputs_module.consumers(model, tensor)
         seen = probed.inputs[name] if probed and probed.inputs is not None else None
-        role = pictures.get(name) or inputs_module.role_of(name, dtype, readers, seen)
-        fed = widths.get(name, ((),))[0]
+        role = dict(pictures.get(name) or inputs_module.role_of(name, dtype, readers, seen))
+        fed = role.pop("widths", None) or widths.get(name, ((),))[0]
         inputs.append(
             TensorInfo(name=name, shape=tuple(tensor.shape), dtype=dtype, widths=fed, **role)
         )
     inputs = audio.with_masks(inputs)
     if structure != "dict":  # the names are the file's own: say what each input is
         inputs = inputs_module.named_by_role(inputs)
-    outputs = [
-        TensorInfo(name=name, shape=tuple(t.shape), dtype=str(t.dtype)) for name, t in flat_outputs
-    ]
+    outputs, taken = [], {info.name for info in inputs}
+    for name, t in flat_outputs:
+        renamed = name
+        if name in taken:  # SAM's segmenter: a `masks` prompt in, `masks` out
+            renamed = next(
+                f"{name}_output{n or ''}"
+                for n in range(len(taken) + 1)
+                if f"{name}_output{n or ''}" not in taken
+            )
+            notes.append(
+                f"output {name!r} is named {renamed!r} in the file: an input has its name, "
+                "and ONNX names each value once"
+            )
+        taken.add(renamed)
+        key = name if renamed != name else None
+        outputs.append(TensorInfo(renamed, tuple(t.shape), str(t.dtype), key=key))
     tables = probed.position_tables if probed is not None else []
     return inputs, outputs, structure, _structure(output_struct), tables, notes
 

@@ -47,7 +47,9 @@ class ExportOptions:
             square images and `"structured"` (a gradient, edges, a constant
             image); default: batch 1, 2, 8 x the smallest side the model takes
             and those it takes near 37 and 96 (or its fixed size), plus
-            `"structured"`.
+            `"structured"`. For a model that takes prompts a user may leave
+            out (SAM's boxes and mask), `"unprompted"` too: one row without
+            them.
         atol: absolute tolerance of every check.
         rtol: relative tolerance, times |Keras output|.
         opset: the ONNX opset to convert to (13 up to tf2onnx's newest).

@@ -331,6 +331,7 @@ def trace(loaded: LoadedModel) -> TracedModel:
     specs = [tf.TensorSpec(shape=i.shape, dtype=i.dtype, name=i.name) for i in loaded.inputs]
     input_names = [info.name for info in loaded.inputs]
     output_names = [info.name for info in loaded.outputs]
+    keras_names = [info.keras_name for info in loaded.outputs]
 
     def pack(tensors):
         if loaded.input_structure == "dict":
@@ -340,7 +341,7 @@ def trace(loaded: LoadedModel) -> TracedModel:
         return tensors[0]
 
     def call(*inputs):
-        return flatten(model(pack(inputs), training=False), output_names)
+        return flatten(model(pack(inputs), training=False), keras_names)
 
     return trace_call(loaded, call, specs, output_names)
 

@@ -59,6 +59,8 @@ DEFAULT_LENGTHS = (1, 7, 64, 256)
 # The largest image side searched for the smallest a model takes.
 IMAGE_BOUND = 512
 PADDED = "padded"
+# The grid points named, not sized.
+NAMED_POINTS = (PADDED, images.STRUCTURED, prompts.UNPROMPTED)
 SEED = 1234
 
 
@@ -157,7 +159,7 @@ def check_shapes(shapes: list) -> list:
             '"padded"]'
         )
     for shape in shapes:
-        if shape in (PADDED, images.STRUCTURED):
+        if shape in NAMED_POINTS:
             continue
         if not (
             isinstance(shape, list | tuple)
@@ -166,7 +168,7 @@ def check_shapes(shapes: list) -> list:
         ):
             raise UsageError(
                 f"{argument('shapes', shapes)}: {shape!r} is not a (batch, sequence) pair of "
-                f'positive integers or "{PADDED}"'
+                f"positive integers or one of {', '.join(map(repr, NAMED_POINTS))}"
             )
         if shape[0] * shape[1] > MAX_GRID_TOKENS:
             raise UsageError(
@@ -197,7 +199,12 @@ def default_shapes(loaded: LoadedModel, int8: bool = False) -> list:
         if int8:
             shapes += int8_rows(loaded, shapes, loaded.image_sides)
         # With text that masks its padding (PaliGemma, BLIP-2): a padded batch too.
-        return [*shapes, images.STRUCTURED, *([PADDED] if takes_padding(loaded) else [])]
+        return [
+            *shapes,
+            images.STRUCTURED,
+            *([PADDED] if takes_padding(loaded) else []),
+            *([prompts.UNPROMPTED] if prompts.has_optional(loaded.inputs) else []),
+        ]
     fixed = [
         info.shape[1]
         for info in loaded.inputs
@@ -215,6 +222,8 @@ def default_shapes(loaded: LoadedModel, int8: bool = False) -> list:
         shapes += int8_rows(loaded, shapes, lengths)
     if takes_padding(loaded):
         shapes.append(PADDED)
+    if prompts.has_optional(loaded.inputs):
+        shapes.append(prompts.UNPROMPTED)
     return shapes
 
 
@@ -335,7 +344,7 @@ def check_shapes_fit(loaded: LoadedModel, shapes: list) -> None:
         _check_image_sides(loaded, shapes)
         return
     for shape in shapes:
-        if shape != PADDED and shape[1] < loaded.min_length:
+        if shape not in NAMED_POINTS and shape[1] < loaded.min_length:
             raise UsageError(
                 f"{argument('shapes', shapes)}: {shape_label(shape)} is shorter than the "
                 f"{loaded.min_length} tokens the model accepts at least (Keras fails on "
@@ -344,7 +353,7 @@ def check_shapes_fit(loaded: LoadedModel, shapes: list) -> None:
     if loaded.max_length is None:
         return
     for shape in shapes:
-        if shape != PADDED and shape[1] > loaded.max_length:
+        if shape not in NAMED_POINTS and shape[1] > loaded.max_length:
             raise UsageError(
                 f"{argument('shapes', shapes)}: {shape_label(shape)} is longer than the "
                 f"{loaded.max_length} positions the model holds (layer "
@@ -355,7 +364,7 @@ def check_shapes_fit(loaded: LoadedModel, shapes: list) -> None:
 def _check_image_sides(loaded: LoadedModel, shapes: list) -> None:
     """Refuse image sides the model does not take (`accepts_side`)."""
     for shape in shapes:
-        if shape in (PADDED, images.STRUCTURED):
+        if shape in NAMED_POINTS:
             continue
         side = shape[1]
         if accepts_side(loaded, side):
@@ -413,12 +422,13 @@ def make_inputs(loaded: LoadedModel, shape, rng, lengths: dict | None = None) ->
     row's real tokens (0 in the empty row).
 
     `structured` is three images (a gradient, edges, a constant one) at the
-    grid's second side (`images.draw`).
+    grid's second side (`images.draw`); `unprompted` one row at the grid's
+    first length (or side) with no optional prompt (`prompts.count`).
 
     Args:
         loaded: the loaded model; each input's role says what to generate.
-        shape: a `(batch, sequence)` pair (a side, for images), `"padded"`
-            or `"structured"`.
+        shape: a `(batch, sequence)` pair (a side, for images), `"padded"`,
+            `"structured"` or `"unprompted"`.
         rng: a `numpy.random.Generator`.
         lengths: each sequence axis's length, instead of those the grid point
             gives them (`_sequence_lengths`).
@@ -430,8 +440,11 @@ def make_inputs(loaded: LoadedModel, shape, rng, lengths: dict | None = None) ->
         batch, length = 5, max(min(64, loaded.max_length or 64), loaded.min_length)
     elif shape == images.STRUCTURED:
         batch, length = 3, _structured_side(loaded)
+    elif shape == prompts.UNPROMPTED:
+        batch, length = 1, (loaded.image_sides or _default_lengths(loaded))[0]
     else:
         batch, length = shape
+    unprompted = shape == prompts.UNPROMPTED
     if lengths is None and shape == PADDED and loaded.image_sides:
         # The text at its padded length, the images at a side the model takes.
         side = _structured_side(loaded)
@@ -458,8 +471,8 @@ def make_inputs(loaded: LoadedModel, shape, rng, lengths: dict | None = None) ->
             feeds[info.name] = audio.draw(info, batch, lengths[audio.AXIS], rng)
             continue
         if prompts.is_prompt(info):
-            count = info.shape[1] or lengths.get(info.sequence, length)
-            feeds[info.name] = prompts.draw(info, batch, count, rng)
+            given = prompts.count(info, lengths.get(info.sequence, length), unprompted)
+            feeds[info.name] = prompts.draw(info, batch, given, rng)
             continue
         mask = valid.get(info.sequence, next(iter(valid.values()), np.ones((batch, 1), bool)))
         feeds[info.name] = _draw_along(info, mask, rng)
@@ -891,6 +904,8 @@ def point_label(loaded: LoadedModel, shape) -> str:
         return shape_label(shape)
     if shape == images.STRUCTURED:
         return f"{shape} {images.label(pictures[0], 3, _structured_side(loaded))}"
+    if shape == prompts.UNPROMPTED:
+        return f"{shape} {images.label(pictures[0], 1, loaded.image_sides[0])}"
     if isinstance(shape, str):
         return shape
     return images.label(pictures[0], shape[0], shape[1])
@@ -996,7 +1011,7 @@ def keras_outputs(loaded: LoadedModel, feeds: dict, label: str) -> dict:
         args = feeds[names[0]]
     output_names = [info.name for info in loaded.outputs]
     try:
-        flat = flatten(_run_keras(loaded, args), output_names)
+        flat = flatten(_run_keras(loaded, args), [info.keras_name for info in loaded.outputs])
     except Exception as error:  # noqa: BLE001 - the model's own failure, reported as such
         detail = one_line(f"{type(error).__name__}: {error}", 300)
         raise UsageError(
@@ -1235,6 +1250,8 @@ def compare(
         return failed("missing output")
     if got.shape != expected.shape:
         return failed(f"shape {got.shape} != Keras {expected.shape}")
+    if not expected.size:  # no values (a prompt left out): the shapes agree, and that is all
+        return Check(label, name, 0.0, 0.0, True, max_scaled_diff=0.0, bound=0.0)
     # Compare in the outputs' own dtype (float64 copies of 8 x 256 x 30k logits
     # would cost a gigabyte); integers and booleans as float64.
     dtype = got.dtype if np.issubdtype(got.dtype, np.floating) else np.float64
@@ -1480,9 +1497,24 @@ def keras_references(loaded: LoadedModel, shapes=None) -> Iterator[Reference]:
         UsageError: Keras itself fails on a grid point (`keras_outputs`).
     """
     rng = np.random.default_rng(SEED)
+    alone = None  # a point of one row that ran
     for shape in shapes or default_shapes(loaded):
         feeds = make_inputs(loaded, shape, rng)
-        outputs = keras_outputs(loaded, feeds, point_label(loaded, shape))
+        label = point_label(loaded, shape)
+        try:
+            outputs = keras_outputs(loaded, feeds, label)
+        except UsageError as error:
+            rows = len(next(iter(feeds.values()), ()))
+            if alone is None or rows == 1:
+                raise
+            size = shape[1] if isinstance(shape, tuple | list) else loaded.min_length
+            raise UsageError(
+                f"{error}. It ran on one row ({alone}) and fails on {rows}: the model may "
+                f"take one row at a time (keras-hub's SAM3 does); give a grid of batch 1, "
+                f"e.g. {fix('shapes')} with (1, {size}) and your other points at batch 1"
+            ) from error.__cause__
+        if len(next(iter(feeds.values()), ())) == 1:
+            alone = alone or label
         warning = padding_ignored(loaded, feeds, outputs) if shape == PADDED else None
         yield Reference(shape, feeds, outputs, warning)
 

@@ -41,11 +41,12 @@ patch embedding is a Conv), and only on graphs with a Conv.
 import functools
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 from keras_layers.export.graph import (
     Graph,
     attribute,
+    body_reads,
     perm,
     remove_dead_nodes,
     sort_topologically,
@@ -160,9 +161,45 @@ def _layout_optimizer():
     return LayoutOptimizer
 
 
-def _with_hidden(proto, hidden: set):
+def _read_by_bodies(proto) -> list:
+    """The values of the main graph that an If, Loop or Scan body reads, as
+    graph outputs (`ValueInfoProto`s of their type).
+
+    A body reads them by name, which the TransposeOptimizer does not see: it
+    would move a Transpose past such a value, and the body would read NCHW
+    where it was written for NHWC (SAM3's box encoder gathered from its
+    feature map with the channel index on the height axis). Shown to it as
+    graph outputs, they keep their layout.
+    """
+    graph = proto.graph
+    made = {name for node in graph.node for name in node.output}
+    read = sorted({name for node in graph.node for name in body_reads(node)} & made)
+    if not read:
+        return []
+    types = {value.name: value for value in graph.value_info}
+    if any(name not in types for name in read):
+        weights_shown = [  # their types and shapes, without their values
+            helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+            for t in graph.initializer
+        ]
+        view = helper.make_graph(list(graph.node), "view", [*graph.input, *weights_shown], [])
+        inferred = shape_inference.infer_shapes(
+            helper.make_model(
+                view, opset_imports=list(proto.opset_import), ir_version=proto.ir_version
+            )
+        )
+        types.update({value.name: value for value in inferred.graph.value_info})
+    return [
+        helper.make_tensor_value_info(name, types[name].type.tensor_type.elem_type, None)
+        for name in read
+        if name in types
+    ]
+
+
+def _with_hidden(proto, hidden: set, shown_outputs=()):
     """A model of `proto`'s nodes and initializers, those in `hidden` shown
-    as graph inputs of their type and shape instead."""
+    as graph inputs of their type and shape instead, and `shown_outputs`
+    (values no Transpose may move past) as graph outputs too."""
     graph = proto.graph
     shown = [
         helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
@@ -173,7 +210,7 @@ def _with_hidden(proto, hidden: set):
         list(graph.node),
         graph.name,
         [*graph.input, *shown],
-        list(graph.output),
+        [*graph.output, *shown_outputs],
         [t for t in graph.initializer if t.name not in hidden],
     )
     opsets = list(proto.opset_import)
@@ -205,7 +242,8 @@ def _move_transposes(proto) -> str | None:
         "remove_identity": IdentityOptimizer,
     }
     try:
-        g = GraphUtil.create_graph_from_onnx_model(_with_hidden(proto, hidden))
+        view = _with_hidden(proto, hidden, _read_by_bodies(proto))
+        g = GraphUtil.create_graph_from_onnx_model(view)
         moved = optimize_graph(g, catch_errors=False, optimizers=steps).make_graph("")
     except Exception as error:  # noqa: BLE001 - its failure must not end the export
         return f"Transpose: tf2onnx's TransposeOptimizer failed ({type(error).__name__}: {error})"
