@@ -24,6 +24,44 @@ def policy():
     keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.fixture(scope="session")
+def trained_demo(tmp_path_factory, worker_id):
+    """The demo encoder, trained once per test run by the command with no
+    arguments (the README's main job) into a home of its own.
+
+    Training takes a minute; two tests need a trained demo (this one's
+    assertions are in tests/test_export.py, and docs/export.md's first
+    example reuses it). Workers share it: the first to ask trains under a
+    lock, the others wait and read. Returns the home, what the command
+    printed, and what it left in its working directory.
+    """
+    import fcntl
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if worker_id != "master" else base) / "trained_demo"
+    shared.mkdir(exist_ok=True)
+    home, cwd, printed = shared / "home", shared / "cwd", shared / "printed.txt"
+    with (shared / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not printed.exists():
+            cwd.mkdir()
+            script = Path(__file__).resolve().parent.parent / "export" / "to_onnx.py"
+            result = subprocess.run(
+                [sys.executable, str(script)],
+                cwd=cwd,
+                env={**os.environ, "KERAS_LAYERS_HOME": str(home)},
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+            printed.write_text(result.stdout)  # last: the home is whole once it exists
+    return home, printed.read_text(), sorted(path.name for path in cwd.iterdir())
+
+
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 # Property tests: a fast profile for the default suite, CI's for its fuzz tier

@@ -121,3 +121,22 @@ def test_a_fixed_position_table_is_reported_as_a_constant_not_a_weight(tmp_path)
     assert report["passed"] and report["unused_weights"] == []
     assert report["param_bytes"] == 4 * model.count_params()
     assert report["constant_bytes"] >= model.table.nbytes  # the 64 x 16 float32 table
+
+
+@pytest.mark.parametrize("kind", ["Bidirectional", "GRU", "Conv1D"])
+def test_a_recurrent_models_reference_is_traced_once_and_is_keras_eager_output(kind):
+    """The grid's Keras outputs for a model that loops over time steps come
+    from one traced graph (eagerly, TensorFlow runs the loop op by op);
+    they are the eager call's, rounding aside, padding mask included. A
+    model without a recurrent layer stays eager."""
+    from keras_layers.export import loading, validating
+
+    model = recurrent(kind)
+    loaded = loading.load(model)
+    feeds = {"token_ids": padded_ids(np.random.default_rng(0))}
+    got = validating.keras_outputs(loaded, feeds, "padded")
+    (name,) = got
+    expected = keras.ops.convert_to_numpy(model(feeds["token_ids"], training=False))
+    np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-6)
+    traced = loaded.graph_call is not validating._EAGER
+    assert traced == (kind != "Conv1D"), loaded.graph_call

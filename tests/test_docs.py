@@ -14,6 +14,7 @@ reason (keep those few: each one is an example nobody checks).
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -165,14 +166,22 @@ def test_every_command_example_makes_its_inputs(block):
             )
 
 
+# A line that runs the demo: the command with no model argument.
+_RUNS_THE_DEMO = re.compile(r"^(keras-layers-export|python export/to_onnx\.py)\s*(#.*)?$", re.M)
+
+
 @pytest.mark.parametrize("block", _params(SHELL, slow=True))
-def test_command_example_runs_alone(block, tmp_path):
+def test_command_example_runs_alone(block, tmp_path, request):
     for folder in CHECKOUT_FOLDERS:
         (tmp_path / folder).symlink_to(ROOT / folder)
     # `python` and `keras-layers-export` are this environment's; the demo is
-    # trained into a home of its own, never into the checkout's artifacts.
+    # in a home of its own, never in the checkout's artifacts: trained once
+    # per test run (tests/test_export.py checks the training), so an example
+    # that runs it reuses it, as a user's second run does.
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     home = str(tmp_path / "home")
+    if _RUNS_THE_DEMO.search(block.code):
+        shutil.copytree(request.getfixturevalue("trained_demo")[0], home)
     result = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", block.code],
         cwd=tmp_path,

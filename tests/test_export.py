@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -262,24 +263,26 @@ def test_script_runs_from_a_shell_without_traceback(tmp_path):
 
 
 @pytest.mark.slow  # minutes; CI runs the slow tier (.ci/run)
-def test_demo_default_run_trains_exports_and_reuses(tmp_path, monkeypatch, capsys):
-    """The command with no arguments: the README's main job. Its files go to
+def test_demo_default_run_trains_exports_and_reuses(tmp_path, monkeypatch, capsys, trained_demo):
+    """The command with no arguments: the README's main job (run once per
+    test run, `trained_demo` in tests/conftest.py). Its files go to
     `$KERAS_LAYERS_HOME/demo`, never to the working directory."""
-    monkeypatch.setenv("KERAS_LAYERS_HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)
-    assert main([]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]
-    report_path = tmp_path / "home" / "demo" / "demo_encoder.report.json"
-    report = json.loads(report_path.read_text())
+    home, out, left = trained_demo
+    assert left == []
+    report = json.loads((home / "demo" / "demo_encoder.report.json").read_text())
     assert report["passed"]
     assert report["demo"]["masked_token_accuracy"] >= 0.90
     assert any(check["shape"] == "padded" for check in report["checks"])
-    out = capsys.readouterr().out
     assert "Training the demo encoder" in out
     # The console's training time is the report's (it timed more than the report did).
     assert f"train     {report['demo']['train_seconds']:6.2f} s" in out, out
     # A rerun reuses the trained model instead of training again; int8 this time,
-    # on enough tokens for the int8 gate (1,000 pooled over the grid).
+    # on enough tokens for the int8 gate (1,000 pooled over the grid). In a
+    # copy of the home: the trained one is shared.
+    shutil.copytree(home, tmp_path / "home")
+    monkeypatch.setenv("KERAS_LAYERS_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    report_path = tmp_path / "home" / "demo" / "demo_encoder.report.json"
     assert main(["--shapes", "2x32,4x256,padded", "--quantize", "int8"]) == 0
     assert "Reusing the trained demo" in capsys.readouterr().out
     int8 = json.loads(report_path.read_text())["int8"]

@@ -9,9 +9,11 @@ validation with the default settings passes the export and fails every mutant.
 
 The conformance set (`-m conformance`, minutes) does the same for every model
 of benchmarks/mutation.py's registry (the demo's, tiny keras-hub models, and
-tests/conformance/'s public examples): `SURVIVORS` lists the mutants
-validation passes today (strict xfail), `EQUIVALENT` those no validator can
-fail because the model's outputs do not depend on what they change.
+tests/conformance/'s public examples), one test per model: `SURVIVORS` lists
+the mutants validation passes today (each asserted to survive still),
+`EQUIVALENT` those no validator can fail because the model's outputs do not
+depend on what they change; a mutation that does not apply must not have
+applied when benchmarks/results/mutation.json was recorded.
 """
 
 import mutants
@@ -657,15 +659,6 @@ EQUIVALENT[("vision/CLIPBackbone", "late_weight_scaled")] = (
     "divides each projected embedding by its norm before the logits, which takes a uniform "
     "x 1.01 back"
 )
-# Mutants validation passes today, with the difference it saw against its
-# bound (benchmarks/results/mutation.json), strict so that a validator that
-# fails one says so here. None of the text models' since the tolerances moved
-# to each output's scale and rtol to 1e-5 (docs/export.md, "Tolerances").
-# The image classifier from scratch divides its pixels by 255
-# (`Rescaling(1.0 / 255)`), so the grid's N(0, 1) images reach it as a
-# near-constant image of +-0.004, and its one sigmoid unit is compared as a
-# value near 0.5, its atol scaled by that 0.5 rather than by the spread of
-# its logits: each mutant moves the output less than half the bound.
 # Mutants validation passes today, with why. The text models have none (the
 # two of the image classifier from scratch are failed since outputs are
 # scaled by their spread). Three of the tiny keras-hub vision models'
@@ -673,7 +666,8 @@ EQUIVALENT[("vision/CLIPBackbone", "late_weight_scaled")] = (
 # less than the tolerance, 1e-4 of the output's spread: a 1% change deep in
 # a small random network reaches its outputs as 1e-5 of their spread. The
 # same models' late weight (x 1.01 nearest an output) and channel swaps are
-# failed. benchmarks/results/mutation.json holds each one's figures.
+# failed. benchmarks/results/mutation.json holds each one's figures. Each is
+# asserted to survive still, so that a validator that fails one says so.
 _BELOW_TOLERANCE = (
     "survives: moves the outputs {0} of their spread (tolerance 1e-4); the unmutated file's "
     "own rounding is 1.5e-8 to 3e-8"
@@ -696,47 +690,49 @@ def _registry():
     return mutation
 
 
-def _conformance_cases() -> list:
-    """Every model x mutation; a model's cases in one xdist group, so that
-    `--dist loadgroup` exports each model once, on one worker."""
-    cases = []
-    for model in _registry().MODELS:
-        for mutation in (m.name for m in mutants.MUTATIONS):
-            key = (model, mutation)
-            marks = [pytest.mark.xdist_group(model)]
-            if key in SURVIVORS:
-                marks.append(pytest.mark.xfail(strict=True, reason=SURVIVORS[key]))
-            cases.append(pytest.param(model, mutation, marks=marks, id=f"{model}-{mutation}"))
-    return cases
+def _recorded(model: str) -> dict:
+    """The mutants of `model` as benchmarks/results/mutation.json recorded them."""
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "mutation.json"
+    rows = {row["name"]: row for row in json.loads(results.read_text())["models"]}
+    assert model in rows, f"{model} has no row: run python benchmarks/mutation.py --only {model}"
+    return rows[model]["mutants"]
 
 
-@pytest.fixture(scope="module")
-def conformance_rows(tmp_path_factory):
-    """benchmarks/mutation.py's row of each model, computed once."""
-    folder, rows = tmp_path_factory.mktemp("conformance"), {}
-
-    def row(name):
-        if name not in rows:
-            registry = _registry()
-            rows[name] = registry.run_model(registry.MODELS[name], folder)
-        return rows[name]
-
-    return row
+def _verdicts(model: str, row: dict) -> list[str]:
+    """What is wrong with `model`'s mutants: each applicable one must be
+    failed by validation, but for `EQUIVALENT` ones (which must survive,
+    within the file's own rounding) and `SURVIVORS` (which must survive
+    still: one that validation now fails moves out of the list). A mutation
+    the recorded run applied must apply again: a matcher that stops finding
+    its structure would otherwise leave the mutant untried."""
+    problems, recorded = [], _recorded(model)
+    for mutation, result in row["mutants"].items():
+        key, outcome = (model, mutation), result["outcome"]
+        if outcome == "not applicable":
+            if recorded.get(mutation, {}).get("outcome", "not applicable") != "not applicable":
+                problems.append(f"{mutation} applied when recorded, not now: {result['reason']}")
+            continue
+        if key in EQUIVALENT:
+            rounding = row["baseline"]["max_scaled_diff"]
+            if outcome != "survived" or result["max_scaled_diff"] > 10 * rounding + 1e-7:
+                problems.append(f"{mutation} is listed equivalent but {outcome}: {result}")
+        elif key in SURVIVORS:
+            if outcome != "survived":
+                problems.append(f"{mutation} is listed as surviving but {outcome}: move it out")
+        elif outcome != "killed":
+            problems.append(f"{mutation} {outcome}: {result}")
+    return problems
 
 
 @pytest.mark.conformance
-@pytest.mark.parametrize("model, mutation", _conformance_cases())
-def test_conformance_validation_fails_every_mutant(conformance_rows, model, mutation):
-    row = conformance_rows(model)
+@pytest.mark.parametrize("model", list(_registry().MODELS))
+def test_conformance_validation_fails_every_mutant(model, tmp_path):
+    registry = _registry()
+    row = registry.run_model(registry.MODELS[model], tmp_path)
     assert row["status"] == "exported", row.get("error")
-    result = row["mutants"][mutation]
-    if result["outcome"] == "not applicable":
-        pytest.skip(f"{mutation} does not apply to {model}: {result['reason']}")
-    if (model, mutation) in EQUIVALENT:
-        # No output depends on what it changed: it moves them no more than
-        # the correct file's own rounding does.
-        assert result["outcome"] == "survived", EQUIVALENT[(model, mutation)]
-        rounding = row["baseline"]["max_scaled_diff"]
-        assert result["max_scaled_diff"] <= 10 * rounding + 1e-7, result
-        return
-    assert result["outcome"] == "killed", f"{model} x {mutation} {result['outcome']}: {result}"
+    assert set(row["mutants"]) == {m.name for m in mutants.MUTATIONS}
+    problems = _verdicts(model, row)
+    assert not problems, f"{model}: " + "; ".join(problems)

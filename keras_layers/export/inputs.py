@@ -182,6 +182,19 @@ def _probe_value(info_shape: tuple, dtype: str, seed: int, size: tuple, widths=(
     return pattern.astype("bool" if dtype == "bool" else dtype)
 
 
+def _probe_feeds(specs, size: tuple, widths: dict, drawn: dict | None) -> dict:
+    """Every input's probe value at `size`: its 0/1 pattern (`_probe_value`),
+    or for an input whose role its name and shape already tell (a prompt),
+    values drawn as that role's (`drawn`: name -> `draw(batch)`)."""
+    drawn = drawn or {}
+    return {
+        name: drawn[name](size[0])
+        if name in drawn
+        else _probe_value(shape, dtype, seed, size, widths.get(name, ()))
+        for seed, (name, shape, dtype) in enumerate(specs)
+    }
+
+
 def _padded(widths, info_shape) -> tuple:
     """`widths` for axes 2.. of an input of `info_shape`, 1 where not given."""
     count = max(len(info_shape) - 2, 0)
@@ -227,7 +240,9 @@ def _first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {one_line(line, 200)}"
 
 
-def probe(model, inputs, structure: str, max_length=None, sizes=(), widths=None) -> Probe:
+def probe(
+    model, inputs, structure: str, max_length=None, sizes=(), widths=None, drawn=None
+) -> Probe:
     """Run the model once and record which layers receive each input's values.
 
     Each input gets its own pattern of 0s and 1s (valid for any embedding,
@@ -245,6 +260,9 @@ def probe(model, inputs, structure: str, max_length=None, sizes=(), widths=None)
         sizes: more `(batch, length)` pairs to try (the caller's grid).
         widths: input name -> the sizes of its free trailing axes
             (`feature_widths`).
+        drawn: input name -> `draw(batch)`, for inputs fed as their role
+            draws them (`_probe_feeds`: SAM 3's boxes name an image of the
+            batch, which a 0/1 pattern would not).
 
     Returns:
         A `Probe`; its `inputs` is `None` when the model fails at every size
@@ -276,10 +294,7 @@ def probe(model, inputs, structure: str, max_length=None, sizes=(), widths=None)
         # table (keras-hub's SigLIP text encoder) runs there only.
         bounded = [(2, max_length)] if max_length and max_length <= 4 * PROBE_LENGTH else []
         for size in dict.fromkeys([(2, length), *bounded, *(tuple(s) for s in sizes)]):
-            feeds = {
-                name: _probe_value(shape, dtype, seed, size, (widths or {}).get(name, ()))
-                for seed, (name, shape, dtype) in enumerate(inputs)
-            }
+            feeds = _probe_feeds(inputs, size, widths or {}, drawn)
             seen.clear()
             try:
                 _run(model, feeds, names, structure)
@@ -328,7 +343,7 @@ def _weight_sizes(layers) -> list[int]:
     return sorted(sizes, reverse=True)
 
 
-def feature_widths(model, inputs, structure: str, sizes=(), given=None) -> dict:
+def feature_widths(model, inputs, structure: str, sizes=(), given=None, drawn=None) -> dict:
     """The sizes to feed an input's free trailing axes (`keras.Input(shape=
     (None, None))`, a feature width left open), read from the model.
 
@@ -346,6 +361,7 @@ def feature_widths(model, inputs, structure: str, sizes=(), given=None) -> dict:
         given: input name -> every size after the batch, for inputs whose
             axes are known otherwise (images, at the probe's side): fed so,
             never searched.
+        drawn: as `probe` takes it.
 
     Returns:
         Input name -> `(widths, source)`: a width per trailing axis and the
@@ -369,7 +385,7 @@ def feature_widths(model, inputs, structure: str, sizes=(), given=None) -> dict:
         for width in candidates[:12]:
             widths = tuple(width if d is None else d for d in shape[2:])
             trial = {**given, **{n: w for n, (w, _) in found.items()}, name: widths}
-            if _runs_at(model, specs, names, structure, trial, sizes):
+            if _runs_at(model, specs, names, structure, trial, sizes, drawn):
                 found[name] = (
                     widths,
                     f"its free feature axis is fed {width}, a size of the weights of {where} "
@@ -386,12 +402,9 @@ def feature_widths(model, inputs, structure: str, sizes=(), given=None) -> dict:
     return found
 
 
-def _runs_at(model, specs, names, structure, widths: dict, sizes) -> bool:
+def _runs_at(model, specs, names, structure, widths: dict, sizes, drawn=None) -> bool:
     for size in dict.fromkeys([(2, 3), *(tuple(s) for s in sizes)]):
-        feeds = {
-            name: _probe_value(shape, dtype, seed, size, widths.get(name, ()))
-            for seed, (name, shape, dtype) in enumerate(specs)
-        }
+        feeds = _probe_feeds(specs, size, widths, drawn)
         try:
             _run(model, feeds, names, structure)
             return True

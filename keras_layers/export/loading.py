@@ -1,5 +1,6 @@
 """Stage 1, load: read a `.keras` file into a Keras model and describe its I/O."""
 
+import functools
 import importlib
 import inspect
 import json
@@ -1112,6 +1113,63 @@ def _probe_size(info) -> tuple:
     return tuple(images.dims(info, 1, 32)[1:])
 
 
+def _file_outputs(flat_outputs: list, inputs: list, notes: list) -> list:
+    """The outputs' `TensorInfo`s, each named as Keras names it, but for an
+    output named as an input: `NAME_output` in the file (ONNX names each
+    value once; tf2onnx dropped the input), Keras' name kept as its `key`,
+    and a note for the report."""
+    outputs, taken = [], {info.name for info in inputs}
+    for name, t in flat_outputs:
+        renamed = name
+        if name in taken:  # SAM's segmenter: a `masks` prompt in, `masks` out
+            renamed = next(
+                f"{name}_output{n or ''}"
+                for n in range(len(taken) + 1)
+                if f"{name}_output{n or ''}" not in taken
+            )
+            notes.append(
+                f"output {name!r} is named {renamed!r} in the file: an input has its name, "
+                "and ONNX names each value once"
+            )
+        taken.add(renamed)
+        key = name if renamed != name else None
+        outputs.append(TensorInfo(renamed, tuple(t.shape), str(t.dtype), key=key))
+    return outputs
+
+
+def _probe_prompts(info, batch: int) -> np.ndarray:
+    """A prompt input for the role probe: `_PROBE_PROMPTS` a row, drawn."""
+    rng = np.random.default_rng(0)
+    return prompts.draw(info, batch, prompts.sizes(info, _PROBE_PROMPTS)[0], rng)
+
+
+def _media_inputs(model, specs: list, named: list) -> tuple:
+    """The inputs whose role their name and shape tell (prompts, images,
+    audio): their roles, the sizes the role probes feed them (images at one
+    square side, waveforms at one length: the grid finds the sizes the model
+    takes later) and, for prompts, how the probes draw them (as the grid
+    does: SAM 3's boxes name an image of the batch)."""
+    pictures = {
+        name: found
+        for (name, shape, dtype), (_, tensor) in zip(specs, named, strict=True)
+        if (found := prompts.describe(model, name, shape, dtype))
+        or (found := images.describe(model, name, shape, dtype, tensor))
+        or (found := audio.describe(model, name, shape, dtype, tensor))
+    }
+    described = {
+        name: TensorInfo(name, shape, dtype, **pictures[name])
+        for name, shape, dtype in specs
+        if name in pictures
+    }
+    probe_sides = {name: _probe_size(info) for name, info in described.items()}
+    drawn = {
+        name: functools.partial(_probe_prompts, info)
+        for name, info in described.items()
+        if prompts.is_prompt(info)
+    }
+    return pictures, probe_sides, drawn
+
+
 def _describe(model, sizes=()):
     """The model's inputs (with their roles), outputs, structures, position
     tables and notes; `sizes` are the caller's `(batch, length)` grid points,
@@ -1135,20 +1193,7 @@ def _describe(model, sizes=()):
     named = _flat_named(input_struct, input_names)
     structure = _structure(input_struct)
     specs = [(name, tuple(tensor.shape), str(tensor.dtype)) for name, tensor in named]
-    pictures = {
-        name: found
-        for (name, shape, dtype), (_, tensor) in zip(specs, named, strict=True)
-        if (found := prompts.describe(model, name, shape, dtype))
-        or (found := images.describe(model, name, shape, dtype, tensor))
-        or (found := audio.describe(model, name, shape, dtype, tensor))
-    }
-    # The probes draw images at one square side and waveforms at one length;
-    # the grid finds the sizes the model takes later.
-    probe_sides = {
-        name: _probe_size(TensorInfo(name, shape, dtype, **pictures[name]))
-        for name, shape, dtype in specs
-        if name in pictures
-    }
+    pictures, probe_sides, drawn = _media_inputs(model, specs, named)
     widths = {}
     if all(dtype != "string" for _, _, dtype in specs):
         widths = inputs_module.feature_widths(
@@ -1157,6 +1202,7 @@ def _describe(model, sizes=()):
             structure,
             sizes,
             given=probe_sides,
+            drawn=drawn,
         )
     probed = None
     if len(pictures) < len(specs):  # images alone need no probe: their role is read
@@ -1167,6 +1213,7 @@ def _describe(model, sizes=()):
             inputs_module.max_sequence_length(model)[0],
             sizes,
             {**{name: found for name, (found, _) in widths.items()}, **probe_sides},
+            drawn,
         )
     notes = [f"input {name!r}: {source}" for name, (_, source) in widths.items()]
     notes += [probed.warning] if probed is not None and probed.warning else []
@@ -1183,22 +1230,7 @@ def _describe(model, sizes=()):
     inputs = audio.with_masks(inputs)
     if structure != "dict":  # the names are the file's own: say what each input is
         inputs = inputs_module.named_by_role(inputs)
-    outputs, taken = [], {info.name for info in inputs}
-    for name, t in flat_outputs:
-        renamed = name
-        if name in taken:  # SAM's segmenter: a `masks` prompt in, `masks` out
-            renamed = next(
-                f"{name}_output{n or ''}"
-                for n in range(len(taken) + 1)
-                if f"{name}_output{n or ''}" not in taken
-            )
-            notes.append(
-                f"output {name!r} is named {renamed!r} in the file: an input has its name, "
-                "and ONNX names each value once"
-            )
-        taken.add(renamed)
-        key = name if renamed != name else None
-        outputs.append(TensorInfo(renamed, tuple(t.shape), str(t.dtype), key=key))
+    outputs = _file_outputs(flat_outputs, inputs, notes)
     tables = probed.position_tables if probed is not None else []
     return inputs, outputs, structure, _structure(output_struct), tables, notes
 

@@ -211,7 +211,15 @@ def count(info, given: int, unprompted: bool) -> int:
 
 
 def sizes(info, prompts: int) -> tuple:
-    """Every size after the batch of `prompts` prompts of this input."""
+    """Every size after the batch of `prompts` prompts of this input.
+
+    Args:
+        info: the prompt input.
+        prompts: how many prompts a row (masks: at most 1).
+
+    Returns:
+        The sizes of axes 1.. (a mask's side from its `widths`).
+    """
     if info.role == MASKS:
         return (min(prompts, 1), *info.widths)
     return (prompts, *info.shape[2:])
