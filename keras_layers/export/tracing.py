@@ -16,6 +16,7 @@ by a `Transpose` for the output projection. The conversion stage turns these
 inputs into initializers holding the variables' values.
 """
 
+import importlib
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -152,6 +153,20 @@ def _einsums_for_onnx():
         yield
 
 
+def _swappable(module: str, name: str, companion: str) -> tuple | None:
+    """The module, its original `name` and its `companion`, for a swap of
+    a Keras internal that calls a companion of the same module; `None` when
+    the module does not import or either attribute is missing (another
+    Keras version: the trace then keeps Keras' own code)."""
+    try:
+        owner = importlib.import_module(module)
+    except ImportError:
+        return None
+    original = compat.original(owner, name, None)
+    other = getattr(owner, companion, None)
+    return None if original is None or other is None else (owner, original, other)
+
+
 @contextmanager
 def _grouped_convs_without_xla():
     """Trace a grouped convolution as TensorFlow's own `Conv2D` op.
@@ -166,16 +181,11 @@ def _grouped_convs_without_xla():
     and the validation runs the file against Keras like any other. Other
     convolutions keep Keras' code.
     """
-    try:
-        from keras.src.backend.tensorflow import nn
-    except ImportError:
+    found = _swappable("keras.src.backend.tensorflow.nn", "conv", "_convert_data_format")
+    if found is None:
         yield
         return
-    original = compat.original(nn, "conv", None)
-    convert = getattr(nn, "_convert_data_format", None)
-    if original is None or convert is None:
-        yield
-        return
+    nn, original, convert = found
     import keras
     import tensorflow as tf
 
@@ -269,16 +279,11 @@ def _resizes_to_traced_sizes():
     calls after its checks; the other sizes keep Keras' code, checks and
     all. The validation runs the file against Keras like any other.
     """
-    try:
-        from keras.src.ops import image
-    except ImportError:
+    found = _swappable("keras.src.ops.image", "resize", "_resize")
+    if found is None:
         yield
         return
-    original = compat.original(image, "resize", None)
-    backend_resize = getattr(image, "_resize", None)
-    if original is None or backend_resize is None:
-        yield
-        return
+    image, original, backend_resize = found
     import tensorflow as tf
 
     def resize(images, size, *args, **kwargs):
