@@ -172,6 +172,27 @@ def test_a_layer_norm_with_gamma_one_is_fused_and_validates(width, tmp_path):
     assert ops.count("LayerNormalization") == 1 and "Sqrt" not in ops
 
 
+def test_a_group_norm_is_no_layer_norm_and_validates(tmp_path):
+    """GroupNormalization (RWKV-7's `ln_x`) normalises `(..., groups,
+    width)` over `width` like a LayerNorm but scales by a `(groups, width)`
+    gain, which `LayerNormalization(axis=-1)`'s scale cannot hold: fused,
+    ONNX Runtime refused the file. It is left unfused and the file
+    validates."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((8,))  # RWKV-7 flattens (batch, length, features) first
+    norm = keras.layers.GroupNormalization(groups=2, epsilon=1e-5)
+    model = keras.Model(x, keras.layers.Dense(3)(norm(x)))
+    rng = np.random.default_rng(0)
+    norm.gamma.assign(rng.normal(1, 0.5, 8).astype("float32"))
+    norm.beta.assign(rng.normal(0, 0.5, 8).astype("float32"))
+    path = tmp_path / "model.onnx"
+    report = export_model(model, path, ExportOptions())
+    ops = [node.op_type for node in onnx.load(str(path)).graph.node]
+    assert report["passed"], report["worst"]
+    assert report["graph"]["fused"]["LayerNormalization"] == 0
+    assert "LayerNormalization" not in ops
+
+
 def _gamma_free_norm(width, centred=True):
     """`x * R + (-mean(x) * R)`, R = 1 / sqrt(mean((x - mean(x))^2) + eps): a
     LayerNorm whose gamma is 1 and beta 0, both dropped, at any width;

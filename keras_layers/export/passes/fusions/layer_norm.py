@@ -61,6 +61,8 @@ def _match_layer_norm(g, add):
                 if not isinstance(width, int):
                     continue
                 gamma = np.ones(width, np.float32)
+            if not (_along_last_axis(gamma) and _along_last_axis(beta)):
+                continue  # e.g. GroupNormalization's (groups, width) gains
             width = gamma.size
             if beta.size == 1:
                 beta = np.full(width, beta.reshape(-1)[0], np.float32)
@@ -68,6 +70,14 @@ def _match_layer_norm(g, add):
                 continue
             return x, gamma, beta, float(epsilon.reshape(-1)[0]), add
     return None
+
+
+def _along_last_axis(constant) -> bool:
+    """Whether `constant` varies along the last axis only (a per-feature
+    gain or shift), the one axis `LayerNormalization(axis=-1)` scales:
+    GroupNormalization normalises `(..., groups, width)` over `width` but
+    scales by a `(groups, width)` gain, which no `axis=-1` scale holds."""
+    return all(dim == 1 for dim in constant.shape[:-1])
 
 
 def _gain(g, factor):
