@@ -1084,6 +1084,30 @@ def vision_targets_table(report: dict) -> str:
     return markdown_table(header, [False, False, True, True, True, True, False], rows)
 
 
+def sequence_loops_table(report: dict) -> str:
+    """Qwen3.5 and RWKV-7 at width 512: our file's proof, Keras' own export,
+    and milliseconds of our file against the Keras model, shape by shape."""
+    rows = []
+    for row in report["rows"]:
+        exports = report["exports"][row["model"]]
+        ours, peer = exports["ours"], exports["keras_export"]
+        ours_ms, keras_ms = row["ours"]["ms"], row["keras"]["ms"]
+        rows.append(
+            [
+                f"`{row['model']}`",
+                f"{row['batch']}x{row['length']}",
+                f"passed, worst {ours['worst_abs_diff']:.1e}" if ours["passed"] else "failed",
+                peer.get("error", "").split(":")[0] or "exported",
+                f"{ours_ms:.1f}",
+                f"{keras_ms:.1f}",
+                f"{keras_ms / ours_ms:.1f}",
+            ]
+        )
+    header = ["model", "shape", "our file's proof", "Keras' own export"]
+    header += ["ours ms", "Keras ms", "Keras / ours"]
+    return markdown_table(header, [False, False, False, False, True, True, True], rows)
+
+
 VISION_TABLES: dict[str, Callable[[dict], str]] = {
     "vision.speed": vision_speed_table,
     "vision.files": vision_files_table,
@@ -1125,6 +1149,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "cached_attention.speed": cached_attention_speed_table,
     "genai.speed": genai_speed_table,
     "seq2seq.speed": seq2seq_speed_table,
+    "sequence_loops.speed": sequence_loops_table,
 }
 
 

@@ -252,6 +252,26 @@ def test_vision_benchmark_quick_mode_writes_the_documented_keys():
     assert written["rows"] == report["rows"] and written["targets"] == report["targets"]
 
 
+def test_sequence_loops_benchmark_quick_mode_proves_and_times_both_models():
+    """Qwen3.5 and RWKV-7 exported with their loops as ONNX `Loop`s and
+    proved, Keras' own export's outcome recorded, and both sides timed at
+    every shape."""
+    from benchmarks import sequence_loops
+
+    report = sequence_loops.main(["--quick"])
+    assert set(report["exports"]) == set(sequence_loops.QUICK)
+    for exports in report["exports"].values():
+        ours = exports["ours"]
+        assert ours["passed"] and ours["loops"] >= 1 and ours["worst_abs_diff"] < 1e-4
+        assert ("seconds" in exports["keras_export"]) != ("error" in exports["keras_export"])
+    assert [(row["model"], row["batch"], row["length"]) for row in report["rows"]] == [
+        (model, *shape) for model in sequence_loops.QUICK for shape in sequence_loops.QUICK_SHAPES
+    ]
+    assert all(row["ours"]["ms"] > 0 and row["keras"]["ms"] > 0 for row in report["rows"])
+    written = json.loads((results_io.RESULTS / "sequence_loops.quick.json").read_text())
+    assert written["rows"] == report["rows"]
+
+
 def test_int8_cnn_benchmark_quick_mode_records_the_gate_and_both_times():
     from benchmarks import int8_cnn
 

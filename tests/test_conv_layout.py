@@ -164,6 +164,37 @@ def test_the_fold_rewrites_a_weight_where_it_is_in_the_data_file(tmp_path):
     )
 
 
+def test_a_loop_body_passing_its_value_through_does_not_stop_the_pass():
+    """A Loop body whose output is its own input (a carried value passed
+    through, its Identity removed; Qwen3.5's chunk loop) is valid ONNX that
+    tf2onnx's Graph refused, so the whole pass failed: now it runs (the
+    BatchNorm folds into the Conv) and the file computes the same."""
+    b = _Builder()
+    h = b.op("Relu", b.batch_norm(b.conv("x", 4, 3), 4))
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("carried", TensorProto.FLOAT, ["n", "a", "b", "c"]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("carried", TensorProto.FLOAT, ["n", "a", "b", "c"]),
+        ],
+    )
+    trips = b.const(np.array(2, np.int64))
+    looped = b.op("Loop", trips, "", h, body=body)
+    proto = b.model(b.op("ReduceMean", looped, b.const(np.array([1, 2], np.int64)), keepdims=0))
+    pooled = helper.make_tensor_value_info(proto.graph.output[0].name, TensorProto.FLOAT, ["n", 4])
+    proto.graph.output[0].CopyFrom(pooled)  # (inference stops at the Loop)
+    after, result = _after(proto)
+    assert not any("failed" in reason for reason in _reasons(result)), _reasons(result)
+    assert "Mul" not in _ops(after) and "Add" not in _ops(after)  # the BatchNorm folded
+    _same(proto, after)
+
+
 def test_a_batch_normalization_op_after_a_conv_with_a_bias_is_folded():
     b = _Builder()
     conv = b.op("Conv", "x", b.const(_normal(6, 3, 3, 3)), b.const(_normal(6)), pads=[1] * 4)

@@ -658,7 +658,8 @@ def test_gemma_backbone_exports_with_its_captured_scale(tmp_path):
 @keras.saving.register_keras_serializable(package="tests")
 class BranchOnData(keras.layers.Layer):
     """Python `if` on a tensor's value: runs eagerly, has no static graph
-    (keras-hub's Qwen3.5 and RWKV7 layers do the like)."""
+    (keras-hub's Qwen3.5 and RWKV7 layers did the like on the sequence
+    length, before keras_layers.export.sequence_loops)."""
 
     def compute_output_shape(self, shape):
         return shape

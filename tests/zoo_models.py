@@ -166,21 +166,7 @@ EXTRA = {
 # exactly that. "pipeline bug:" entries are defects of the export pipeline (the
 # model is exportable in principle), listed so the tests stay truthful until
 # they are fixed; then the test fails, and the entry goes.
-_LOOP_ON_LENGTH = (
-    "ConversionError (exit 2): {layer} branches or loops in Python on the sequence length "
-    "({how}), so it cannot be traced with a dynamic sequence axis"
-)
-_QWEN3_5 = _LOOP_ON_LENGTH.format(
-    layer="Qwen3_5GatedDeltaNet", how="`if pad_size > 0` in its chunked delta rule"
-)
-_RWKV7 = _LOOP_ON_LENGTH.format(layer="RWKV7TimeMix", how="`for t in range(T)`")
 UNSUPPORTED: dict[str, str] = {
-    "Qwen3_5Backbone": _QWEN3_5,
-    "Qwen3_5CausalLM": _QWEN3_5,
-    "Qwen3_5MoeBackbone": _QWEN3_5,
-    "Qwen3_5MoeCausalLM": _QWEN3_5,
-    "RWKV7Backbone": _RWKV7,
-    "RWKV7CausalLM": _RWKV7,
     "Gemma4AssistantCausalLM": (
         "UsageError (exit 2): a speculative-decoding drafter; Keras itself refuses to call it "
         "without its target model (NotImplementedError), so there is no standalone graph"

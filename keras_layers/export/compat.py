@@ -127,6 +127,34 @@ INTERNALS = (
         swapped=False,
     ),
     Internal(
+        "keras_hub.src.models.qwen3_5.qwen3_5_gated_delta_net",
+        "_chunk_gated_delta_rule",
+        _KERAS_HUB,
+        "sequence_loops: Qwen3.5's chunked delta rule with its chunk loop as a while_loop",
+    ),
+    Internal(
+        "keras_hub.src.models.qwen3_5.qwen3_5_gated_delta_net",
+        "_l2norm",
+        _KERAS_HUB,
+        "sequence_loops: the normalisation keras-hub's delta rule applies first",
+        swapped=False,
+    ),
+    Internal(
+        "keras_hub.src.models.rwkv7.rwkv7_layer",
+        "rnn_generalized_delta_rule",
+        _KERAS_HUB,
+        "sequence_loops: RWKV-7's delta rule, which each RWKV7TimeMix keeps on itself "
+        "(RWKV7_OP*), routed to a while_loop for one trace",
+        swapped=False,
+    ),
+    Internal(
+        "keras_hub.src.models.rwkv7.rwkv7_layer",
+        "transpose_head",
+        _KERAS_HUB,
+        "sequence_loops: the head transpose keras-hub's RWKV-7 rule applies first",
+        swapped=False,
+    ),
+    Internal(
         "keras.src.backend.tensorflow.numpy",
         "einsum",
         _KERAS,

@@ -28,6 +28,7 @@ from keras_layers.export.compat import patched
 from keras_layers.export.einsums import einsum_layout, explicit_ellipsis
 from keras_layers.export.errors import ConversionError, one_line
 from keras_layers.export.loading import LoadedModel, flatten, unique_variables
+from keras_layers.export.sequence_loops import python_loops_as_graph_loops
 from keras_layers.export.validating import keras_outputs, make_inputs, point_label
 
 WEIGHT_PREFIX = "keras_layers.weight_"
@@ -397,6 +398,7 @@ def trace_call(loaded: LoadedModel, call, specs: list, output_names: list) -> Tr
             _grouped_convs_without_xla(),
             _fourier_transforms_as_products(),
             _resizes_to_traced_sizes(),
+            python_loops_as_graph_loops(loaded.model),
         ):
             function.get_concrete_function(*signature)  # traced now, reused by convert
     except Exception as error:

@@ -50,6 +50,7 @@ from keras_layers.export.graph import (
     perm,
     remove_dead_nodes,
     sort_topologically,
+    subgraphs,
     tensor_ranks,
     tensor_shapes,
     weights,
@@ -196,6 +197,25 @@ def _read_by_bodies(proto) -> list:
     ]
 
 
+def _body_outputs_made(graph) -> None:
+    """Give every body output that no node of the body makes an `Identity`.
+
+    A Loop body passes a carried value through unchanged as an output that is
+    its own input (its Identity removed by the passes before). ONNX allows
+    it; tf2onnx's `Graph` does not, and raised on Qwen3.5's chunk loop, so
+    the optimizer never ran on the whole model.
+    """
+    for node in graph.node:
+        for body in subgraphs(node):
+            _body_outputs_made(body)
+            made = {name for inner in body.node for name in inner.output}
+            for index, output in enumerate(body.output):
+                if output.name not in made:
+                    passed = f"{node.name or node.op_type}_passed_{index}"
+                    body.node.append(helper.make_node("Identity", [output.name], [passed]))
+                    output.name = passed
+
+
 def _with_hidden(proto, hidden: set, shown_outputs=()):
     """A model of `proto`'s nodes and initializers, those in `hidden` shown
     as graph inputs of their type and shape instead, and `shown_outputs`
@@ -243,6 +263,7 @@ def _move_transposes(proto) -> str | None:
     }
     try:
         view = _with_hidden(proto, hidden, _read_by_bodies(proto))
+        _body_outputs_made(view.graph)
         g = GraphUtil.create_graph_from_onnx_model(view)
         moved = optimize_graph(g, catch_errors=False, optimizers=steps).make_graph("")
     except Exception as error:  # noqa: BLE001 - its failure must not end the export
