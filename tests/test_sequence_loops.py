@@ -13,14 +13,13 @@ import threading
 
 import numpy as np
 import pytest
+from keras_hub.src.models.qwen3_5 import qwen3_5_gated_delta_net as qwen3_5
+from keras_hub.src.models.rwkv7 import rwkv7_layer as rwkv7
 
 from keras_layers.export import sequence_loops
 from keras_layers.export.errors import ValidationFailed
 
 pytestmark = pytest.mark.tensorflow_only
-
-qwen3_5 = pytest.importorskip("keras_hub.src.models.qwen3_5.qwen3_5_gated_delta_net")
-rwkv7 = pytest.importorskip("keras_hub.src.models.rwkv7.rwkv7_layer")
 
 LENGTHS = [1, 5, 64, 70, 130]
 
@@ -122,8 +121,8 @@ def test_the_looped_generalized_delta_rule_is_keras_hubs_and_the_recurrence(leng
 
 def test_the_rwkv7_route_is_per_thread_and_put_back():
     """Each RWKV7TimeMix keeps its rule on itself: inside the block this
-    thread gets the looped rule, another thread keras-hub's, and after it
-    the layer holds keras-hub's function again."""
+    thread gets the looped rule, another thread keras-hub's, and after the
+    last block the layer holds keras-hub's function again."""
     import keras
 
     layer = rwkv7.RWKV7TimeMix(16, 8, gate_lora=4, mv_lora=4, aaa_lora=4, decay_lora=4)
@@ -137,8 +136,14 @@ def test_the_rwkv7_route_is_per_thread_and_put_back():
         thread = threading.Thread(target=lambda: seen.update(other=_eager_rows(route)))
         thread.start()
         thread.join()
+        # A second export of the same model (another thread's, overlapping)
+        # shares the route; the first to finish leaves it in place.
+        with sequence_loops.python_loops_as_graph_loops(model):
+            assert layer.RWKV7_OP_INFERENCE is route
+        assert layer.RWKV7_OP_INFERENCE is route
     assert seen["other"] == "ran"  # keras-hub's Python loop runs eagerly on numbers
     assert all(getattr(layer, name) is original for name in sequence_loops.RWKV7_OPS)
+    assert sequence_loops._routers == {}
 
 
 def _eager_rows(route):

@@ -16,7 +16,7 @@ chunk size, a constant, and unrolled it stays the same products in the same
 order as keras-hub's.
 """
 
-import importlib
+import sys
 import threading
 from contextlib import ExitStack, contextmanager
 
@@ -29,10 +29,9 @@ RWKV7_OPS = ("RWKV7_OP", "RWKV7_OP_RNN", "RWKV7_OP_INFERENCE")
 
 
 def _module(name: str):
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
+    """The keras-hub module if it is imported already: a model with its
+    layers has imported it, and a model without them need not."""
+    return sys.modules.get(name)
 
 
 def _delta_rule_in_chunks(module):
@@ -188,6 +187,13 @@ def _routed(original, looped):
     return route
 
 
+# Routers installed on RWKV7TimeMix layers: (id(layer), attribute) ->
+# [layer, the original, how many exports use it]. Two threads exporting one
+# model share a router; the last to finish puts the original back.
+_routers: dict = {}
+_routers_lock = threading.Lock()
+
+
 @contextmanager
 def _rwkv7_ops_routed(model, module):
     """Point each RWKV7TimeMix of `model` that runs keras-hub's rule at a
@@ -195,19 +201,32 @@ def _rwkv7_ops_routed(model, module):
     swap of the module's attribute does not reach it); put them back after."""
     original = compat.original(module, "rnn_generalized_delta_rule")
     router = _routed(original, _delta_rule_over_steps(module))
-    kept = []
     layers = model._flatten_layers(include_self=True) if hasattr(model, "_flatten_layers") else ()
-    for layer in layers:
-        if isinstance(layer, module.RWKV7TimeMix):
+    used = []
+    with _routers_lock:
+        for layer in layers:
+            if not isinstance(layer, module.RWKV7TimeMix):
+                continue
             for name in RWKV7_OPS:
-                if layer.__dict__.get(name) is original:
-                    kept.append((layer, name))
+                key = (id(layer), name)
+                if key in _routers:
+                    _routers[key][2] += 1
+                elif layer.__dict__.get(name) is original:
+                    _routers[key] = [layer, original, 1]
                     object.__setattr__(layer, name, router)
+                else:
+                    continue  # another rule (rwkv_ops' kernels): left as it is
+                used.append(key)
     try:
         yield
     finally:
-        for layer, name in kept:
-            object.__setattr__(layer, name, original)
+        with _routers_lock:
+            for key in used:
+                entry = _routers[key]
+                entry[2] -= 1
+                if entry[2] == 0:
+                    object.__setattr__(entry[0], key[1], entry[1])
+                    del _routers[key]
 
 
 @contextmanager
