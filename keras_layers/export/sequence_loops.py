@@ -36,7 +36,6 @@ def _module(name: str):
 
 def _delta_rule_in_chunks(module):
     """keras-hub's chunked gated delta rule, its chunk loop a `while_loop`."""
-    import tensorflow as tf
     from keras import ops
 
     l2norm = module._l2norm
@@ -54,84 +53,109 @@ def _delta_rule_in_chunks(module):
     ):
         del padding_mask  # keras-hub's rule does not read it either
         heads_first = (0, 2, 1, 3)
-        query = ops.cast(ops.transpose(l2norm(query, axis=-1), heads_first), "float32")
-        key = ops.cast(ops.transpose(l2norm(key, axis=-1), heads_first), "float32")
         input_dtype = value.dtype
-        value = ops.cast(ops.transpose(value, heads_first), "float32")
-        beta = ops.cast(ops.transpose(beta, (0, 2, 1)), "float32")
-        g = ops.cast(ops.transpose(g, (0, 2, 1)), "float32")
+        query, key = (ops.transpose(l2norm(x, axis=-1), heads_first) for x in (query, key))
+        value = ops.transpose(value, heads_first)
+        beta, g = (ops.transpose(x, (0, 2, 1)) for x in (beta, g))
+        query, key, value, beta, g = (ops.cast(x, "float32") for x in (query, key, value, beta, g))
         batch, heads, length, k_dim = (ops.shape(key)[i] for i in range(4))
         v_dim = ops.shape(value)[3]
-
-        # Padding by zero rows is a no-op, so the branch on it is not needed.
-        pad = (chunk_size - length % chunk_size) % chunk_size
-        query, key, value = (
-            ops.pad(x, [[0, 0], [0, 0], [0, pad], [0, 0]]) for x in (query, key, value)
-        )
-        beta, g = (ops.pad(x, [[0, 0], [0, 0], [0, pad]]) for x in (beta, g))
-        chunks = (length + pad) // chunk_size
-
-        query = query * (1.0 / (k_dim**0.5))
-        v_beta = value * ops.expand_dims(beta, -1)
-        k_beta = key * ops.expand_dims(beta, -1)
-
-        def split(x, width):
-            return ops.reshape(x, (batch, heads, chunks, chunk_size, width))
-
-        query, key, value = split(query, k_dim), split(key, k_dim), split(value, v_dim)
-        k_beta, v_beta = split(k_beta, k_dim), split(v_beta, v_dim)
-        g = ops.cumsum(ops.reshape(g, (batch, heads, chunks, chunk_size)), axis=-1)
-
-        upper = ops.triu(ops.ones((chunk_size, chunk_size)), k=0)
-        lower = ops.transpose(upper, (1, 0))
-        decay = ops.exp((ops.expand_dims(g, -1) - ops.expand_dims(g, -2)) * lower) * lower
-        attn = -(ops.einsum("bhcid,bhcjd->bhcij", k_beta, key) * decay)
-        attn = ops.where(ops.cast(upper, "bool"), ops.zeros_like(attn), attn)
-        for i in range(1, chunk_size):  # row i += row i (left of i) @ rows above, solved
-            correction = ops.matmul(attn[..., i : i + 1, :i], attn[..., :i, :i])
-            row = attn[..., i : i + 1, :] + ops.pad(
-                correction, [[0, 0], [0, 0], [0, 0], [0, 0], [0, chunk_size - i]]
-            )
-            attn = ops.concatenate([attn[..., :i, :], row, attn[..., i + 1 :, :]], axis=-2)
-        attn = attn + ops.eye(chunk_size)
-
-        value = ops.einsum("bhcij,bhcjd->bhcid", attn, v_beta)
-        k_cumdecay = ops.einsum(
-            "bhcij,bhcjd->bhcid", attn, k_beta * ops.expand_dims(ops.exp(g), -1)
-        )
         if initial_state is None:
             state = ops.zeros((batch, heads, k_dim, v_dim), dtype="float32")
         else:
             state = ops.cast(initial_state, "float32")
-        strictly_upper = ops.cast(ops.triu(ops.ones((chunk_size, chunk_size)), k=1), "bool")
-
-        def step(index, state, outputs):
-            q, k, v = query[:, :, index], key[:, :, index], value[:, :, index]
-            g_i, decay_i = g[:, :, index], decay[:, :, index]
-            intra = ops.einsum("bhid,bhjd->bhij", q, k) * decay_i
-            intra = ops.where(strictly_upper, ops.zeros_like(intra), intra)
-            v_new = v - ops.einsum("bhid,bhdv->bhiv", k_cumdecay[:, :, index], state)
-            inter = ops.einsum("bhid,bhdv->bhiv", q * ops.expand_dims(ops.exp(g_i), -1), state)
-            outputs = outputs.write(index, inter + ops.einsum("bhij,bhjd->bhid", intra, v_new))
-            g_last = g_i[..., -1]
-            weighted = k * ops.expand_dims(ops.exp(ops.expand_dims(g_last, -1) - g_i), -1)
-            state = state * ops.exp(ops.expand_dims(ops.expand_dims(g_last, -1), -1)) + ops.einsum(
-                "bhid,bhiv->bhdv", weighted, v_new
-            )
-            return index + 1, state, outputs
-
-        _, state, outputs = tf.while_loop(
-            lambda index, *_: index < chunks,
-            step,
-            (tf.constant(0), state, tf.TensorArray("float32", size=chunks)),
-        )
-        # (chunks, batch, heads, chunk, v) -> (batch, heads, chunks * chunk, v)
-        output = ops.transpose(outputs.stack(), (1, 2, 0, 3, 4))
-        output = ops.reshape(output, (batch, heads, chunks * chunk_size, v_dim))[:, :, :length, :]
+        output, state = _over_chunks(*_in_chunks(query, key, value, g, beta, chunk_size), state)
+        output = ops.reshape(output, (batch, heads, -1, v_dim))[:, :, :length, :]
         output = ops.cast(ops.transpose(output, heads_first), input_dtype)
         return output, (state if output_final_state else None)
 
     return rule
+
+
+def _in_chunks(query, key, value, g, beta, chunk_size: int) -> tuple:
+    """The per-chunk terms of the rule, `(batch, heads, chunks, chunk, ...)`:
+    queries, keys, the values and key decays solved within each chunk, the
+    cumulative gates and the decay mask. The sequence is padded to whole
+    chunks, a no-op at a multiple of the chunk (keras-hub branches on it)."""
+    from keras import ops
+
+    batch, heads, length, k_dim = (ops.shape(key)[i] for i in range(4))
+    v_dim = ops.shape(value)[3]
+    pad = (chunk_size - length % chunk_size) % chunk_size
+    query, key, value = (
+        ops.pad(x, [[0, 0], [0, 0], [0, pad], [0, 0]]) for x in (query, key, value)
+    )
+    beta, g = (ops.pad(x, [[0, 0], [0, 0], [0, pad]]) for x in (beta, g))
+    chunks = (length + pad) // chunk_size
+
+    query = query * (1.0 / (k_dim**0.5))
+    v_beta = value * ops.expand_dims(beta, -1)
+    k_beta = key * ops.expand_dims(beta, -1)
+
+    def split(x, width):
+        return ops.reshape(x, (batch, heads, chunks, chunk_size, width))
+
+    query, key, value = split(query, k_dim), split(key, k_dim), split(value, v_dim)
+    k_beta, v_beta = split(k_beta, k_dim), split(v_beta, v_dim)
+    g = ops.cumsum(ops.reshape(g, (batch, heads, chunks, chunk_size)), axis=-1)
+
+    upper = ops.triu(ops.ones((chunk_size, chunk_size)), k=0)
+    lower = ops.transpose(upper, (1, 0))
+    decay = ops.exp((ops.expand_dims(g, -1) - ops.expand_dims(g, -2)) * lower) * lower
+    attn = -(ops.einsum("bhcid,bhcjd->bhcij", k_beta, key) * decay)
+    attn = _solved(ops.where(ops.cast(upper, "bool"), ops.zeros_like(attn), attn), chunk_size)
+    value = ops.einsum("bhcij,bhcjd->bhcid", attn, v_beta)
+    k_cumdecay = ops.einsum("bhcij,bhcjd->bhcid", attn, k_beta * ops.expand_dims(ops.exp(g), -1))
+    return query, key, value, k_cumdecay, g, decay, chunks
+
+
+def _solved(attn, chunk_size: int):
+    """keras-hub's in-chunk triangular solve: row i gains row i (left of i)
+    times the rows above it, in order, then the identity is added. Its
+    length is the chunk's, a constant, so it stays unrolled: the same
+    products in the same order."""
+    from keras import ops
+
+    for i in range(1, chunk_size):
+        correction = ops.matmul(attn[..., i : i + 1, :i], attn[..., :i, :i])
+        row = attn[..., i : i + 1, :] + ops.pad(
+            correction, [[0, 0], [0, 0], [0, 0], [0, 0], [0, chunk_size - i]]
+        )
+        attn = ops.concatenate([attn[..., :i, :], row, attn[..., i + 1 :, :]], axis=-2)
+    return attn + ops.eye(chunk_size)
+
+
+def _over_chunks(query, key, value, k_cumdecay, g, decay, chunks, state) -> tuple:
+    """The recurrence across chunks as a `tf.while_loop`: each chunk's output
+    `(chunks, ...)` reordered to `(batch, heads, chunks, chunk, v)`, and the
+    final state."""
+    import tensorflow as tf
+    from keras import ops
+
+    chunk_size = decay.shape[-1]
+    strictly_upper = ops.cast(ops.triu(ops.ones((chunk_size, chunk_size)), k=1), "bool")
+
+    def step(index, state, outputs):
+        q, k, v = query[:, :, index], key[:, :, index], value[:, :, index]
+        g_i, decay_i = g[:, :, index], decay[:, :, index]
+        intra = ops.einsum("bhid,bhjd->bhij", q, k) * decay_i
+        intra = ops.where(strictly_upper, ops.zeros_like(intra), intra)
+        v_new = v - ops.einsum("bhid,bhdv->bhiv", k_cumdecay[:, :, index], state)
+        inter = ops.einsum("bhid,bhdv->bhiv", q * ops.expand_dims(ops.exp(g_i), -1), state)
+        outputs = outputs.write(index, inter + ops.einsum("bhij,bhjd->bhid", intra, v_new))
+        g_last = g_i[..., -1]
+        weighted = k * ops.expand_dims(ops.exp(ops.expand_dims(g_last, -1) - g_i), -1)
+        state = state * ops.exp(ops.expand_dims(ops.expand_dims(g_last, -1), -1)) + ops.einsum(
+            "bhid,bhiv->bhdv", weighted, v_new
+        )
+        return index + 1, state, outputs
+
+    _, state, outputs = tf.while_loop(
+        lambda index, *_: index < chunks,
+        step,
+        (tf.constant(0), state, tf.TensorArray("float32", size=chunks)),
+    )
+    return ops.transpose(outputs.stack(), (1, 2, 0, 3, 4)), state
 
 
 def _delta_rule_over_steps(module):
