@@ -143,9 +143,9 @@ INTERNALS = (
         "keras_hub.src.models.rwkv7.rwkv7_layer",
         "rnn_generalized_delta_rule",
         _KERAS_HUB,
-        "sequence_loops: RWKV-7's delta rule, which each RWKV7TimeMix keeps on itself "
-        "(RWKV7_OP*), routed to a while_loop for one trace",
-        swapped=False,
+        "sequence_loops: RWKV-7's delta rule with its step loop as a while_loop (each "
+        "RWKV7TimeMix keeps it on itself, RWKV7_OP*, and calls it through a forwarder "
+        "for one trace)",
     ),
     Internal(
         "keras_hub.src.models.rwkv7.rwkv7_layer",

@@ -197,34 +197,31 @@ def _delta_rule_over_steps(module):
     return rule
 
 
-_tracing = threading.local()
+def _forwarder(module):
+    """Calls the module's `rnn_generalized_delta_rule` as it is at call time:
+    `compat.patched` swaps that for the exporting thread alone."""
+
+    def forward(*args, **kwargs):
+        return module.rnn_generalized_delta_rule(*args, **kwargs)
+
+    return forward
 
 
-def _routed(original, looped):
-    """Calls `looped` in a thread inside `python_loops_as_graph_loops`, and
-    `original` in every other thread."""
-
-    def route(*args, **kwargs):
-        inside = getattr(_tracing, "depth", 0) > 0
-        return (looped if inside else original)(*args, **kwargs)
-
-    return route
-
-
-# Routers installed on RWKV7TimeMix layers: (id(layer), attribute) ->
+# Forwarders installed on RWKV7TimeMix layers: (id(layer), attribute) ->
 # [layer, the original, how many exports use it]. Two threads exporting one
-# model share a router; the last to finish puts the original back.
+# model share a forwarder; the last to finish puts the original back.
 _routers: dict = {}
 _routers_lock = threading.Lock()
 
 
 @contextmanager
 def _rwkv7_ops_routed(model, module):
-    """Point each RWKV7TimeMix of `model` that runs keras-hub's rule at a
-    router to the looped one (the layer keeps the function on itself, so a
-    swap of the module's attribute does not reach it); put them back after."""
+    """Point each RWKV7TimeMix of `model` that runs keras-hub's rule at the
+    module's attribute (the layer keeps the function on itself, so a swap of
+    the module's attribute would not reach it), swap that attribute for the
+    looped rule in this thread, and put everything back after."""
     original = compat.original(module, "rnn_generalized_delta_rule")
-    router = _routed(original, _delta_rule_over_steps(module))
+    forwarder = _forwarder(module)
     layers = model._flatten_layers(include_self=True) if hasattr(model, "_flatten_layers") else ()
     used = []
     with _routers_lock:
@@ -237,12 +234,13 @@ def _rwkv7_ops_routed(model, module):
                     _routers[key][2] += 1
                 elif layer.__dict__.get(name) is original:
                     _routers[key] = [layer, original, 1]
-                    object.__setattr__(layer, name, router)
+                    object.__setattr__(layer, name, forwarder)
                 else:
                     continue  # another rule (rwkv_ops' kernels): left as it is
                 used.append(key)
     try:
-        yield
+        with compat.patched(module, "rnn_generalized_delta_rule", _delta_rule_over_steps(module)):
+            yield
     finally:
         with _routers_lock:
             for key in used:
@@ -267,8 +265,4 @@ def python_loops_as_graph_loops(model):
         rwkv = _module(_RWKV7)
         if rwkv is not None and hasattr(rwkv, "rnn_generalized_delta_rule"):
             stack.enter_context(_rwkv7_ops_routed(model, rwkv))
-        _tracing.depth = getattr(_tracing, "depth", 0) + 1
-        try:
-            yield
-        finally:
-            _tracing.depth -= 1
+        yield
